@@ -1,0 +1,1 @@
+//! The pure session core (no I/O).

@@ -1,0 +1,2 @@
+//! agents: durable AI-agent sessions on Kubernetes.
+pub mod core;
