@@ -1,0 +1,216 @@
+//! The tracked tool call and its state machine.
+//!
+//! ```text
+//! Ready    -> Running | Deferred | Completed
+//! Running  -> Completed | Failed
+//! Deferred -> Ready | Completed
+//! Completed, Failed: final
+//! ```
+//! `Completed` may carry an error result (a denied approval, a timeout, a
+//! malformed call): the model is told. `Failed` is a call that ran here and
+//! failed after its retries.
+
+use super::conversation::{ToolCall, ToolResult};
+use super::ids::{CallId, ContinuationToken};
+use super::policy::AppliedPolicy;
+use super::time::Millis;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CallState {
+    Ready,
+    Running,
+    Deferred,
+    Completed,
+    Failed,
+}
+
+impl CallState {
+    pub fn is_final(self) -> bool {
+        matches!(self, CallState::Completed | CallState::Failed)
+    }
+
+    pub fn can_move_to(self, to: CallState) -> bool {
+        use CallState::*;
+        matches!(
+            (self, to),
+            (Ready, Running)
+                | (Ready, Deferred)
+                | (Ready, Completed)
+                | (Running, Completed)
+                | (Running, Failed)
+                | (Deferred, Ready)
+                | (Deferred, Completed)
+        )
+    }
+}
+
+impl fmt::Display for CallState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A refused state change, naming the call, its state and the attempted move.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("tool call {call} ({tool}) cannot move from {from} to {to}")]
+pub struct TransitionError {
+    pub call: CallId,
+    pub tool: String,
+    pub from: CallState,
+    pub to: CallState,
+}
+
+/// Why a deferred call waits, so users can tell from `status` what it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitingFor {
+    /// An approve/deny decision.
+    Approval,
+    /// The operator's own background execution (`runAsync`).
+    Background,
+    /// An isolated run (a Job, or a process for an external worker).
+    Isolated,
+    /// An outside party (`defer`).
+    External,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    pub approved: bool,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrackedToolCall {
+    pub id: CallId,
+    pub call: ToolCall,
+    pub state: CallState,
+    pub policy: AppliedPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<ContinuationToken>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingFor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResult>,
+    /// Who supplied the result (a user, a worker, `operator`, `cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_by: Option<String>,
+    /// Executions started so far (retries count here).
+    #[serde(default)]
+    pub attempts: u32,
+    /// When the current wait gives up (the `timeout` decorator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Millis>,
+    /// When a failed attempt is retried (the `retries` decorator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<Millis>,
+}
+
+impl TrackedToolCall {
+    pub fn new(id: CallId, call: ToolCall, policy: AppliedPolicy) -> Self {
+        TrackedToolCall {
+            id,
+            call,
+            state: CallState::Ready,
+            policy,
+            token: None,
+            waiting_for: None,
+            approval: None,
+            result: None,
+            completed_by: None,
+            attempts: 0,
+            deadline: None,
+            retry_at: None,
+        }
+    }
+
+    /// Moves to `to`, or refuses with an error naming the call and the move.
+    pub fn transition(&mut self, to: CallState) -> Result<(), TransitionError> {
+        if !self.state.can_move_to(to) {
+            return Err(TransitionError {
+                call: self.id,
+                tool: self.call.name.clone(),
+                from: self.state,
+                to,
+            });
+        }
+        self.state = to;
+        if to != CallState::Deferred {
+            self.waiting_for = None;
+        }
+        Ok(())
+    }
+
+    /// Records the final result. The state must allow the move.
+    pub fn finish(
+        &mut self,
+        to: CallState,
+        result: ToolResult,
+        by: &str,
+    ) -> Result<(), TransitionError> {
+        self.transition(to)?;
+        self.result = Some(result);
+        self.completed_by = Some(by.to_string());
+        self.deadline = None;
+        self.retry_at = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CallState::*;
+
+    #[test]
+    fn only_the_documented_transitions_are_legal() {
+        let all = [Ready, Running, Deferred, Completed, Failed];
+        let legal = [
+            (Ready, Running),
+            (Ready, Deferred),
+            (Ready, Completed),
+            (Running, Completed),
+            (Running, Failed),
+            (Deferred, Ready),
+            (Deferred, Completed),
+        ];
+        for from in all {
+            for to in all {
+                assert_eq!(
+                    from.can_move_to(to),
+                    legal.contains(&(from, to)),
+                    "{from}->{to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn illegal_transition_names_call_state_and_move() {
+        let mut c = TrackedToolCall::new(
+            CallId::new(1, 0),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            AppliedPolicy::default(),
+        );
+        c.finish(Completed, ToolResult::text("x"), "test").unwrap();
+        let err = c.transition(Running).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "tool call t1-c0 (search) cannot move from Completed to Running"
+        );
+        assert_eq!(c.state, Completed);
+        assert_eq!(c.result, Some(ToolResult::text("x")));
+    }
+}

@@ -1,0 +1,210 @@
+//! The conversation: turns, tool calls as the model issued them, and tool
+//! responses as they go back to the model.
+
+use super::ids::{CallId, ContinuationToken};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A tool call exactly as the model issued it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    /// The model's own id for this call (OpenAI `tool_calls[].id`), echoed
+    /// back to the model with the result.
+    pub model_call_id: String,
+    pub name: String,
+    /// Arguments as the model wrote them: a JSON text that should hold an
+    /// object, but models sometimes produce malformed JSON.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments as a JSON object, or a message the model can act on.
+    pub fn parsed_arguments(&self) -> Result<serde_json::Map<String, Value>, String> {
+        let text = if self.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            self.arguments.as_str()
+        };
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(other) => Err(format!(
+                "arguments for tool {:?} must be a JSON object, got {}",
+                self.name,
+                json_kind(&other)
+            )),
+            Err(e) => Err(format!(
+                "arguments for tool {:?} are not valid JSON ({e}); send a JSON object",
+                self.name
+            )),
+        }
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// What a tool answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum ToolResponse {
+    Text {
+        content: String,
+    },
+    Json {
+        content: Value,
+    },
+    #[serde(rename_all = "camelCase")]
+    Media {
+        mime_type: String,
+        base64_data: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+    },
+    Mixed {
+        parts: Vec<ToolResponse>,
+    },
+}
+
+impl ToolResponse {
+    pub fn text(s: impl Into<String>) -> Self {
+        ToolResponse::Text { content: s.into() }
+    }
+
+    /// The response as the text a chat model receives.
+    pub fn to_model_text(&self) -> String {
+        match self {
+            ToolResponse::Text { content } => content.clone(),
+            ToolResponse::Json { content } => content.to_string(),
+            ToolResponse::Media {
+                mime_type,
+                filename,
+                base64_data,
+            } => format!(
+                "[media {mime_type}{}, {} base64 bytes]",
+                filename
+                    .as_deref()
+                    .map(|f| format!(" {f}"))
+                    .unwrap_or_default(),
+                base64_data.len()
+            ),
+            ToolResponse::Mixed { parts } => parts
+                .iter()
+                .map(ToolResponse::to_model_text)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// Approximate size in bytes, used by the `truncate` decorator.
+    pub fn size(&self) -> usize {
+        match self {
+            ToolResponse::Text { content } => content.len(),
+            ToolResponse::Json { content } => content.to_string().len(),
+            ToolResponse::Media { base64_data, .. } => base64_data.len(),
+            ToolResponse::Mixed { parts } => parts.iter().map(ToolResponse::size).sum(),
+        }
+    }
+}
+
+/// The outcome of one call: a response, or an error the model is told about.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase")]
+pub enum ToolResult {
+    Success { response: ToolResponse },
+    Error { message: String },
+}
+
+impl ToolResult {
+    pub fn ok(response: ToolResponse) -> Self {
+        ToolResult::Success { response }
+    }
+    pub fn text(s: impl Into<String>) -> Self {
+        ToolResult::ok(ToolResponse::text(s))
+    }
+    pub fn error(message: impl Into<String>) -> Self {
+        ToolResult::Error {
+            message: message.into(),
+        }
+    }
+    pub fn is_error(&self) -> bool {
+        matches!(self, ToolResult::Error { .. })
+    }
+    /// The text sent to the model as the tool message.
+    pub fn to_model_text(&self) -> String {
+        match self {
+            ToolResult::Success { response } => response.to_model_text(),
+            ToolResult::Error { message } => format!("error: {message}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl TokenUsage {
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+    pub fn add(&mut self, other: TokenUsage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
+}
+
+/// What the model answered in one step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTurn {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub usage: TokenUsage,
+}
+
+/// One tool result as it goes back to the model, in the model's call order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResultEntry {
+    pub call_id: CallId,
+    pub model_call_id: String,
+    pub tool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<ContinuationToken>,
+    pub result: ToolResult,
+    /// The `truncate` limit the result was cut to, so a repeated delivery
+    /// of the same full result is recognised as the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate_bytes: Option<usize>,
+}
+
+/// A user turn: a message from the user, tool results, or both.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserTurn {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<ToolResultEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "camelCase")]
+pub enum Turn {
+    User(UserTurn),
+    Agent(AgentTurn),
+}
