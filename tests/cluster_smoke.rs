@@ -1,0 +1,340 @@
+//! Smoke tests of the test cluster itself (tests/cluster/): CRDs, Jobs with a
+//! locally built image, in-cluster API access and garbage collection.
+//! Skipped without a cluster unless AGENTS_REQUIRE_CLUSTER=1 (see tests/support).
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde::Deserialize;
+use serde_json::json;
+use support::{wait_until, TestNamespace, BUSYBOX_IMAGE};
+
+/// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
+fn crds_from_repo() -> Vec<(String, CustomResourceDefinition)> {
+    let dir = support::repo_root().join("crds");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    let mut crds = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", file.display()));
+            if value.is_null() {
+                continue;
+            }
+            if value["kind"] == "CustomResourceDefinition" {
+                let crd: CustomResourceDefinition = serde_json::from_value(value)
+                    .unwrap_or_else(|e| panic!("{}: not a CRD: {e}", file.display()));
+                crds.push((file.display().to_string(), crd));
+            }
+        }
+    }
+    crds
+}
+
+fn busybox_job(name: &str, script: &str) -> Job {
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                }],
+            }},
+        },
+    }))
+    .unwrap()
+}
+
+async fn job_pods(client: &Client, ns: &str, job: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+        .await
+        .unwrap()
+        .items
+}
+
+async fn wait_job_finished(client: &Client, ns: &str, name: &str) -> Job {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    wait_until(Duration::from_secs(120), "job to finish", || async {
+        let job = jobs.get(name).await.ok()?;
+        let done = job
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+        done.then_some(job)
+    })
+    .await
+}
+
+fn job_succeeded(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+}
+
+#[tokio::test]
+async fn crds_apply_and_are_served() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let crds = crds_from_repo();
+    assert!(
+        !crds.is_empty(),
+        "no CustomResourceDefinition found in crds/*.yaml"
+    );
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let ssa = PatchParams::apply("agents-cluster-smoke").force();
+    for (file, crd) in &crds {
+        let name = crd.metadata.name.clone().expect("CRD without a name");
+        api.patch(&name, &ssa, &Patch::Apply(crd))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: apply CRD {name}: {e}"));
+    }
+    for (_, crd) in &crds {
+        let name = crd.metadata.name.clone().unwrap();
+        wait_until(
+            Duration::from_secs(30),
+            &format!("CRD {name} Established"),
+            || async {
+                let c = api.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+        // Served: the resource can be listed through discovery by kubectl.
+        let plural = &crd.spec.names.plural;
+        let group = &crd.spec.group;
+        support::kubectl_ok(["get", &format!("{plural}.{group}"), "-A", "-o", "name"]);
+    }
+    // The schema is published (OpenAPI v3) and kubectl can explain it.
+    let explained = wait_until(
+        Duration::from_secs(30),
+        "kubectl explain session.spec",
+        || async {
+            let out = support::kubectl(["explain", "session.spec"]);
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        },
+    )
+    .await;
+    assert!(
+        explained.contains("FIELDS") || explained.contains("DESCRIPTION"),
+        "unexpected kubectl explain output:\n{explained}"
+    );
+}
+
+#[tokio::test]
+async fn job_with_local_image_completes_with_message_and_log() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "smoke-job").await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    let script = "echo hello from the job; echo line two; \
+                  printf 'result: ok' > /dev/termination-log";
+    jobs.create(&PostParams::default(), &busybox_job("hello", script))
+        .await
+        .unwrap();
+    let job = wait_job_finished(&client, &ns.name, "hello").await;
+    let pods = job_pods(&client, &ns.name, "hello").await;
+    assert!(
+        job_succeeded(&job),
+        "job failed: {:?}; pods: {pods:?}",
+        job.status
+    );
+    assert_eq!(pods.len(), 1, "one pod expected: {pods:?}");
+    let pod = &pods[0];
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let terminated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .expect("container terminated state");
+    assert_eq!(terminated.exit_code, 0);
+    assert_eq!(terminated.message.as_deref(), Some("result: ok"));
+    let log = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .logs(&pod_name, &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(log, "hello from the job\nline two\n");
+    ns.delete(&client).await;
+}
+
+#[tokio::test]
+async fn pod_reaches_api_server_through_service_with_its_token() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "smoke-incluster").await;
+    let svc = Api::<Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await
+        .unwrap();
+    let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap();
+    // What an in-cluster client does: the Service address from the env, the
+    // projected service-account token as bearer token. The request is a
+    // SelfSubjectReview, so the answer names the identity the token proved.
+    // (busybox wget speaks TLS but cannot verify certificates.)
+    let script = r#"
+        set -e
+        SA=/var/run/secrets/kubernetes.io/serviceaccount
+        echo "host=$KUBERNETES_SERVICE_HOST port=$KUBERNETES_SERVICE_PORT"
+        test -s $SA/ca.crt
+        wget -q -O - --no-check-certificate \
+          --header "Authorization: Bearer $(cat $SA/token)" \
+          --header "Content-Type: application/json" \
+          --post-data '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}' \
+          "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/apis/authentication.k8s.io/v1/selfsubjectreviews"
+        echo
+        if wget -q -O - --no-check-certificate "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/default/secrets" >/dev/null 2>&1; then
+          echo "anonymous request was allowed"; exit 3
+        fi
+        echo anonymous-refused
+    "#;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(&PostParams::default(), &busybox_job("incluster", script))
+        .await
+        .unwrap();
+    let job = wait_job_finished(&client, &ns.name, "incluster").await;
+    let pods = job_pods(&client, &ns.name, "incluster").await;
+    let pod_name = pods[0].metadata.name.clone().unwrap();
+    let log = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .logs(&pod_name, &LogParams::default())
+        .await
+        .unwrap();
+    assert!(
+        job_succeeded(&job),
+        "in-cluster request failed; log:\n{log}"
+    );
+    let mut lines = log.lines();
+    assert_eq!(
+        lines.next(),
+        Some(format!("host={cluster_ip} port=443").as_str()),
+        "pod must use the kubernetes Service ClusterIP; log:\n{log}"
+    );
+    let review: serde_json::Value = serde_json::from_str(lines.next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("no SelfSubjectReview JSON in log ({e}):\n{log}"));
+    assert_eq!(
+        review["status"]["userInfo"]["username"],
+        format!("system:serviceaccount:{}:default", ns.name),
+        "log:\n{log}"
+    );
+    assert!(log.contains("anonymous-refused"), "log:\n{log}");
+    ns.delete(&client).await;
+}
+
+#[tokio::test]
+async fn owner_deletion_garbage_collects_job_pods() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "smoke-gc").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    // A ConfigMap owns job "owned"; job "direct" has no owner but its pods.
+    let owner: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"},
+    }))
+    .unwrap();
+    let owner = cms.create(&PostParams::default(), &owner).await.unwrap();
+    let mut owned = busybox_job("owned", "sleep 3600");
+    owned.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: owner.metadata.uid.clone().unwrap(),
+            block_owner_deletion: Some(true),
+            controller: Some(false),
+        },
+    ]);
+    jobs.create(&PostParams::default(), &owned).await.unwrap();
+    jobs.create(&PostParams::default(), &busybox_job("direct", "sleep 3600"))
+        .await
+        .unwrap();
+
+    for job in ["owned", "direct"] {
+        wait_until(
+            Duration::from_secs(60),
+            &format!("a running pod of job {job}"),
+            || async {
+                job_pods(&client, &ns.name, job)
+                    .await
+                    .iter()
+                    .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    // Foreground deletion of the ConfigMap: the GC deletes the Job, then its pods.
+    cms.delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    // Background deletion of a Job: the GC deletes its pods afterwards.
+    jobs.delete("direct", &DeleteParams::background())
+        .await
+        .unwrap();
+
+    wait_until(
+        Duration::from_secs(90),
+        "owner ConfigMap, jobs and their pods to be garbage collected",
+        || async {
+            let cm_gone = cms.get_opt("owner").await.ok()?.is_none();
+            let jobs_gone = jobs
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty();
+            let pods_gone = pods
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty();
+            (cm_gone && jobs_gone && pods_gone).then_some(())
+        },
+    )
+    .await;
+    ns.delete(&client).await;
+}

@@ -1,0 +1,226 @@
+//! Shared helpers for integration tests that talk to the test cluster
+//! (`tests/cluster/up`, `make cluster-up`). Use it from a test file with
+//! `mod support;`.
+//!
+//! Gating: [`cluster`] returns `None` (and prints a "skipped" line) when no
+//! test cluster is reachable, so a plain `cargo test` passes on a laptop. With
+//! `AGENTS_REQUIRE_CLUSTER=1` (what `make test` and CI set) a missing cluster
+//! is a test failure instead.
+//!
+//! The kubeconfig comes from `AGENTS_TEST_KUBECONFIG`, else from
+//! [`DEFAULT_KUBECONFIG`], which `tests/cluster/up` writes. The user's own
+//! `~/.kube/config` and `KUBECONFIG` are never read.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Where `tests/cluster/up` writes the admin kubeconfig of the test cluster.
+pub const DEFAULT_KUBECONFIG: &str = "/var/lib/agents-test-cluster/admin.kubeconfig";
+/// Where `tests/cluster/build` caches the cluster binaries (kubectl among them).
+pub const BINARY_CACHE: &str = "/var/cache/agents-cluster";
+/// The busybox image that `tests/cluster/up` imports into the node's containerd.
+pub const BUSYBOX_IMAGE: &str = "agents.local/busybox:ci";
+/// Label put on every namespace created by [`TestNamespace`].
+pub const TEST_LABEL: &str = "agents.test/owner";
+
+/// True when the cluster tests must run (`AGENTS_REQUIRE_CLUSTER=1`).
+pub fn cluster_required() -> bool {
+    matches!(
+        std::env::var("AGENTS_REQUIRE_CLUSTER").as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    )
+}
+
+/// The test cluster's kubeconfig path, if the file exists.
+pub fn kubeconfig_path() -> Option<PathBuf> {
+    let path = match std::env::var_os("AGENTS_TEST_KUBECONFIG") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(DEFAULT_KUBECONFIG),
+    };
+    path.is_file().then_some(path)
+}
+
+fn no_cluster(why: &str) -> Option<Client> {
+    if cluster_required() {
+        panic!(
+            "AGENTS_REQUIRE_CLUSTER=1 but the test cluster is not usable: {why}. \
+             Start it with `make cluster-up` (kubeconfig: AGENTS_TEST_KUBECONFIG or {DEFAULT_KUBECONFIG})"
+        );
+    }
+    eprintln!("skipped: no test cluster ({why}); run `make cluster-up` or `make test`");
+    None
+}
+
+/// A client for the test cluster, or `None` (test should return early) when
+/// there is none and `AGENTS_REQUIRE_CLUSTER` is not set.
+///
+/// ```ignore
+/// let Some(client) = support::cluster().await else { return };
+/// ```
+pub async fn cluster() -> Option<Client> {
+    let Some(path) = kubeconfig_path() else {
+        return no_cluster("no kubeconfig found");
+    };
+    let kubeconfig = match Kubeconfig::read_from(&path) {
+        Ok(k) => k,
+        Err(e) => return no_cluster(&format!("cannot read {}: {e}", path.display())),
+    };
+    let config =
+        match Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await {
+            Ok(c) => c,
+            Err(e) => return no_cluster(&format!("bad kubeconfig {}: {e}", path.display())),
+        };
+    let client = match Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => return no_cluster(&format!("cannot build client: {e}")),
+    };
+    match tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await {
+        Ok(Ok(_)) => Some(client),
+        Ok(Err(e)) => no_cluster(&format!(
+            "API server at {} not answering: {e}",
+            path.display()
+        )),
+        Err(_) => no_cluster("API server did not answer within 10 s"),
+    }
+}
+
+/// The kubectl to use against the test cluster: `AGENTS_TEST_KUBECTL`, else
+/// the one built by `tests/cluster/build`, else `kubectl` from `PATH`.
+pub fn kubectl_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGENTS_TEST_KUBECTL").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let mut built: Vec<PathBuf> = std::fs::read_dir(BINARY_CACHE)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("kubernetes-v"))
+        .map(|e| e.path().join("kubectl"))
+        .filter(|p| p.is_file())
+        .collect();
+    built.sort();
+    built.pop().unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
+/// Run kubectl against the test cluster (never the user's default context).
+pub fn kubectl<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let kubeconfig = kubeconfig_path().unwrap_or_else(|| PathBuf::from(DEFAULT_KUBECONFIG));
+    Command::new(kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("failed to run kubectl")
+}
+
+/// Run kubectl and return its stdout; panic with stderr when it fails.
+pub fn kubectl_ok<I, S>(args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    let out = kubectl(&args);
+    assert!(
+        out.status.success(),
+        "kubectl {:?} failed: {}\n{}",
+        args,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A fresh, labelled namespace with a random name; deleted (without waiting)
+/// when dropped, also when the test panics.
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// Create `<prefix>-<random>` labelled `agents.test/owner=<prefix>`.
+    pub async fn create(client: &Client, prefix: &str) -> TestNamespace {
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let name = format!("{prefix}-{}", &suffix[..8]);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {TEST_LABEL: prefix}},
+        }))
+        .expect("namespace object");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        // The ServiceAccount admission plugin rejects pods until the
+        // namespace's default service account exists.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        wait_until(
+            Duration::from_secs(30),
+            "default service account",
+            || async { sa.get_opt("default").await.ok().flatten() },
+        )
+        .await;
+        TestNamespace { name }
+    }
+
+    /// Delete now and wait until the namespace is gone.
+    pub async fn delete(self, client: &Client) {
+        let api = Api::<Namespace>::all(client.clone());
+        let _ = api.delete(&self.name, &DeleteParams::background()).await;
+        let name = self.name.clone();
+        wait_until(Duration::from_secs(120), "namespace deletion", || async {
+            matches!(api.get_opt(&name).await, Ok(None)).then_some(())
+        })
+        .await;
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = kubectl([
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=false",
+            "--ignore-not-found",
+        ]);
+    }
+}
+
+/// Poll `check` every 250 ms until it returns `Some`, or panic after `timeout`.
+pub async fn wait_until<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The repository root (for finding `crds/`, `examples/`, ...).
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
