@@ -1,2 +1,4 @@
 //! agents: durable AI-agent sessions on Kubernetes.
+pub mod api;
+pub mod cli;
 pub mod core;

@@ -1,3 +1,3 @@
-fn main() {
-    println!("agents");
+fn main() -> std::process::ExitCode {
+    agents::cli::main()
 }

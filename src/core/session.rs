@@ -554,7 +554,9 @@ impl Session {
         }
         self.state.model_attempts += 1;
         if retryable && self.state.model_attempts <= MODEL_RETRIES {
-            let at = now.plus_millis(retry_backoff_millis(self.state.model_attempts));
+            let at = now
+                .plus_millis(retry_backoff_millis(self.state.model_attempts))
+                .ceil_to_second();
             self.state.model_retry_at = Some(at);
         } else {
             self.fail(format!(
@@ -577,7 +579,10 @@ impl Session {
             .ok_or(CoreError::UnknownCall { call: id })?;
         let mut store = None;
         if result.is_error() && !from_cache && call.attempts <= call.policy.decorators.retries {
-            call.retry_at = Some(now.plus_millis(retry_backoff_millis(call.attempts)));
+            call.retry_at = Some(
+                now.plus_millis(retry_backoff_millis(call.attempts))
+                    .ceil_to_second(),
+            );
         } else {
             let result = truncate(result, call.policy.decorators.truncate_bytes);
             if call.policy.decorators.cache && !from_cache && !result.is_error() {
@@ -628,7 +633,10 @@ impl Session {
             });
         }
         if result.is_error() && call.attempts <= call.policy.decorators.retries {
-            call.retry_at = Some(now.plus_millis(retry_backoff_millis(call.attempts)));
+            call.retry_at = Some(
+                now.plus_millis(retry_backoff_millis(call.attempts))
+                    .ceil_to_second(),
+            );
             return Ok(WakeOutcome::Applied);
         }
         let result = truncate(result, call.policy.decorators.truncate_bytes);
@@ -863,7 +871,7 @@ impl Session {
         {
             let token = ContinuationToken::for_call(&self.state.id, call.id);
             let timeout = call.policy.decorators.timeout_seconds;
-            let deadline = timeout.map(|s| now.plus_secs(s));
+            let deadline = timeout.map(|s| now.plus_secs(s).ceil_to_second());
             let needs_approval = call.policy.decorators.approval && call.approval.is_none();
             let waiting = if needs_approval {
                 Some(WaitingFor::Approval)

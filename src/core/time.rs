@@ -17,4 +17,10 @@ impl Millis {
     pub fn plus_millis(self, ms: u64) -> Millis {
         Millis(self.0.saturating_add(ms as i64))
     }
+    /// Rounds up to a whole second. Scheduled times are kept this way
+    /// because Kubernetes timestamps carry seconds only, so a status round
+    /// trip loses nothing (a timer fires at most a second late).
+    pub fn ceil_to_second(self) -> Millis {
+        Millis(self.0.div_euclid(1000) * 1000 + if self.0.rem_euclid(1000) > 0 { 1000 } else { 0 })
+    }
 }

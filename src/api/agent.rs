@@ -1,0 +1,252 @@
+//! The `Agent` resource: a model, a system prompt, tools and a policy.
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+use super::free_form;
+
+/// An agent definition: which model answers, with which tools, under which
+/// tool-call policy. Sessions refer to it by name or embed it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "agents-exe.io",
+    version = "v1alpha1",
+    kind = "Agent",
+    doc = "An agent definition: model, system prompt, tools and tool-call policy.",
+    namespaced,
+    shortname = "agent",
+    category = "agents",
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.model.provider","description":"Model provider"}"#,
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.model.openai.model","description":"Model name (openai provider)"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// The model that answers the conversation.
+    pub model: ModelSpec,
+    /// Instructions sent as the system message before the conversation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub system_prompt: String,
+    /// The tools the model may call. Calls to other names are answered with
+    /// an error the model can act on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub tools: Vec<ToolSpec>,
+    /// How each tool call runs: now, in the background, isolated, or after
+    /// an outside party answers.
+    #[serde(default)]
+    pub policy: PolicySpec,
+    /// Non-secret parameters copied into every call's context snapshot.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ModelProvider {
+    /// Any endpoint speaking the OpenAI chat-completions wire format.
+    Openai,
+    /// Replays a fixed list of replies: deterministic agent tests.
+    Scripted,
+}
+
+/// The model. Set `provider` and the matching section.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.provider == 'openai' ? (has(self.openai) && !has(self.scripted)) : (has(self.scripted) && !has(self.openai))").message("set the section matching spec.model.provider: `openai` for provider openai, `scripted` for provider scripted, and not the other"))]
+pub struct ModelSpec {
+    /// `openai` or `scripted`.
+    pub provider: ModelProvider,
+    /// Settings for an OpenAI-compatible endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openai: Option<OpenAiModel>,
+    /// The replies a scripted model gives, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripted: Option<ScriptedModel>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenAiModel {
+    /// Base URL of the API, e.g. `https://api.openai.com/v1` or a local server.
+    pub base_url: String,
+    /// Model name sent with each request.
+    pub model: String,
+    /// The Secret key holding the API key. The key is read when calling the
+    /// model and never written to status, events or logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeyRef>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret name, in the session's namespace.
+    pub name: String,
+    /// Key within the Secret.
+    pub key: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptedModel {
+    /// One reply per model turn; the session fails if it asks for more.
+    pub replies: Vec<ScriptedReply>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptedReply {
+    /// The reply's text. A reply with text and no tool calls is the final answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Tool calls the model makes in this turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ScriptedToolCall>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptedToolCall {
+    /// Tool name.
+    pub name: String,
+    /// Arguments: a JSON object (or, to test bad input, a string sent as is).
+    #[serde(default)]
+    #[schemars(schema_with = "free_form")]
+    pub arguments: Value,
+}
+
+/// A tool. Give its name and exactly one of `builtin`, `http`, `container`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0) + (has(self.container) ? 1 : 0) == 1").message("a tool needs exactly one of builtin, http, container"))]
+pub struct ToolSpec {
+    /// Name the model calls the tool by.
+    pub name: String,
+    /// What the tool does, for the model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// JSON Schema of the arguments, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form")]
+    pub parameters: Option<Value>,
+    /// A tool built into the runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<BuiltinTool>,
+    /// A tool behind an HTTP endpoint: the arguments are POSTed as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpTool>,
+    /// A tool in a container image: always runs isolated (a Job in a
+    /// cluster, a child process standalone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerTool>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BuiltinTool {
+    /// The builtin's name, e.g. `echo`.
+    pub function: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpTool {
+    /// URL the arguments are POSTed to.
+    pub url: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerTool {
+    /// Image to run (a Job's container). Tags other than `latest` are
+    /// pulled only if missing.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+    /// Command; receives the call envelope on stdin and writes the result
+    /// (plain text or a result envelope) on stdout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments after the command. Never built from model output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Resource limits, e.g. `{cpu: 500m, memory: 128Mi}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum DispositionMode {
+    /// Run now, inside the step.
+    #[default]
+    RunSync,
+    /// Run in the background; the session yields until it is done.
+    RunAsync,
+    /// Run isolated: a Job in a cluster, a child process standalone.
+    RunIsolated,
+    /// Wait for an outside party (a person, an external worker).
+    Defer,
+}
+
+/// Wrappers around a disposition.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DecoratorsSpec {
+    /// Wait for `agents session approve|deny` before running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approval: bool,
+    /// Give up after this many seconds (run time, or wait when deferred).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    /// Extra attempts after a failure, with exponential backoff from 1 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 20))]
+    pub retries: Option<u32>,
+    /// Reuse a result for the same tool and arguments (never when the
+    /// context holds secrets).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache: bool,
+    /// Cap results at this many bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub truncate_bytes: Option<u64>,
+}
+
+/// One policy rule. The first rule whose `tool` glob matches decides.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleSpec {
+    /// Glob over tool names: `*`, `?`, `[abc]`.
+    pub tool: String,
+    /// How matching calls run.
+    pub disposition: DispositionMode,
+    /// Why calls wait (for `defer`), shown to whoever completes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where `runIsolated` calls run; container tools bring their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<ContainerTool>,
+    #[serde(flatten)]
+    pub decorators: DecoratorsSpec,
+}
+
+/// The tool-call policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// Disposition of calls no rule matches.
+    #[serde(default)]
+    pub default: DispositionMode,
+    /// Decorators of calls no rule matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_decorators: Option<DecoratorsSpec>,
+    /// Rules, first match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleSpec>,
+}

@@ -1,0 +1,330 @@
+//! The `Session` resource: one agent conversation, run durably.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode};
+use super::{conditions_schema, free_form};
+
+/// A conversation with an agent. The operator (or `agents run`) drives it:
+/// it calls the model, runs or defers each tool call per the agent's
+/// policy, yields while calls wait, and wakes when results arrive.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "agents-exe.io",
+    version = "v1alpha1",
+    kind = "Session",
+    doc = "A conversation with an agent, run durably: tool calls run now, in the background, isolated in Jobs, or wait for an outside party.",
+    namespaced,
+    status = "SessionStatus",
+    shortname = "sess",
+    category = "agents",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the session is"}"#,
+    printcolumn = r#"{"name":"Turns","type":"integer","jsonPath":".status.agentTurns","description":"Model turns taken"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingCount","description":"Calls waiting on the outside"}"#,
+    printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.conditions[?(@.type==\"Waiting\")].reason","description":"What the session waits for"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("has(self.agentRef) != has(self.agent)").message("set exactly one of spec.agentRef (an Agent's name) and spec.agent (an inline agent)"))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSpec {
+    /// The Agent (in this namespace) that runs the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_ref: Option<AgentRef>,
+    /// An inline agent, instead of `agentRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSpec>,
+    /// The user's messages, oldest first. Append a message to continue the
+    /// conversation; earlier messages cannot be removed.
+    #[x_kube(validation = Rule::new("size(self) >= size(oldSelf)").message("spec.messages is append-only: add new messages at the end"))]
+    pub messages: Vec<String>,
+    /// Hold the session: no model call and no tool call starts while set.
+    /// Results that arrive are still recorded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// Bounds on the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsSpec>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRef {
+    /// Name of an Agent in the session's namespace.
+    pub name: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSpec {
+    /// Most model turns the session may take; it fails when it needs more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_turns: Option<u32>,
+    /// The session fails if it has not finished this many seconds after it
+    /// was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub deadline_seconds: Option<u64>,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum SessionPhase {
+    /// Not started: no message yet.
+    #[default]
+    Pending,
+    /// The model is being asked.
+    AwaitingModel,
+    /// Tool calls are running.
+    Running,
+    /// Every open call waits on the outside; the session has yielded.
+    Waiting,
+    /// Held by `spec.paused`.
+    Paused,
+    /// The model gave its final answer.
+    Succeeded,
+    /// The session stopped on an error; see `status.failure`.
+    Failed,
+}
+
+/// What the session has done so far: written by the operator (or `agents run`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStatus {
+    /// Where the session is.
+    #[serde(default)]
+    pub phase: SessionPhase,
+    /// `Succeeded` (True when finished, False when failed, Unknown while
+    /// running), `Waiting` (True while yielded; the reason says for what:
+    /// AwaitingApproval, AwaitingExternal, AwaitingJob, AwaitingBackground),
+    /// `Paused`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The session is held: `spec.paused` was set and observed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// How many of `spec.messages` the session has taken in.
+    #[serde(default)]
+    pub messages_seen: u32,
+    /// Model turns taken.
+    #[serde(default)]
+    pub agent_turns: u32,
+    /// Deferred calls of the open turn.
+    #[serde(default)]
+    pub pending_count: u32,
+    /// Token usage summed over the session.
+    #[serde(default)]
+    pub usage: UsageStatus,
+    /// The final answer, once the session succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// Why the session failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// The conversation, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnStatus>,
+    /// The calls of the latest agent turn, tracked until all are final.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_turn: Option<OpenTurnStatus>,
+    /// Messages that arrived while the session was busy, not yet sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inbox: Vec<String>,
+    /// Failed model calls in a row.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub model_attempts: u32,
+    /// When the model call is retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_retry_at: Option<Time>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageStatus {
+    /// Tokens sent to the model.
+    pub prompt_tokens: u64,
+    /// Tokens the model produced.
+    pub completion_tokens: u64,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    /// The user's message and/or tool results.
+    User,
+    /// The model's reply.
+    Agent,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnStatus {
+    /// Who spoke.
+    pub role: Role,
+    /// The user's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The model's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The model's tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallStatus>,
+    /// Tool results, in the model's call order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<ToolResultStatus>,
+    /// Tokens this model turn used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageStatus>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallStatus {
+    /// The model's own call id.
+    pub model_call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments exactly as the model wrote them (JSON text).
+    pub arguments: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResultStatus {
+    /// Our call id, `t<turn>-c<index>`.
+    pub call_id: String,
+    /// The model's call id.
+    pub model_call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// The continuation token, for calls that waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `{status: success, response: {...}}` or `{status: error, message}`.
+    #[schemars(schema_with = "free_form")]
+    pub result: Value,
+    /// The `truncate` limit the result was cut to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate_bytes: Option<u64>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenTurnStatus {
+    /// The agent turn whose calls these are.
+    pub turn: u32,
+    /// The calls, in the model's order.
+    pub calls: Vec<TrackedCallStatus>,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallStateName {
+    /// Classified, not started.
+    Ready,
+    /// Running here.
+    Running,
+    /// Waiting on a continuation.
+    Deferred,
+    /// Final, with a result (which may be an error).
+    Completed,
+    /// Final: ran here and failed.
+    Failed,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitingForName {
+    /// An approve/deny decision.
+    Approval,
+    /// The operator's own background run.
+    Background,
+    /// An isolated run (Job or process).
+    Isolated,
+    /// An outside party.
+    External,
+}
+
+/// The policy decision recorded on a call.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedPolicyStatus {
+    /// How the call runs.
+    pub disposition: DispositionMode,
+    /// Why it waits (`defer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where it runs (`runIsolated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<ContainerTool>,
+    /// Index of the matching rule; absent when the default applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<u32>,
+    #[serde(flatten)]
+    pub decorators: DecoratorsSpec,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalStatus {
+    /// The decision.
+    pub approved: bool,
+    /// Who decided.
+    pub by: String,
+    /// Why, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrackedCallStatus {
+    /// Our call id, `t<turn>-c<index>`.
+    pub id: String,
+    /// The call as the model issued it.
+    pub call: ToolCallStatus,
+    /// Ready, Running, Deferred, Completed or Failed.
+    pub state: CallStateName,
+    /// The policy decision.
+    pub policy: AppliedPolicyStatus,
+    /// The continuation token (`agents session complete TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// What a deferred call waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingForName>,
+    /// The approval decision, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalStatus>,
+    /// The result, once final.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form")]
+    pub result: Option<Value>,
+    /// Who supplied the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_by: Option<String>,
+    /// Executions started.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// When the current wait gives up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Time>,
+    /// When a failed attempt is retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<Time>,
+    /// The Job running the call, for isolated calls in a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+}

@@ -1,0 +1,234 @@
+//! The `agents` command line (also `kubectl agents` when installed as the
+//! kubectl plugin `kubectl-agents`).
+
+mod run_cmd;
+mod session_cmd;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agents",
+    version,
+    about = "Durable AI-agent sessions: on Kubernetes, or standalone on an embedded store",
+    long_about = "Durable AI-agent sessions. A session's tool calls run now, in the background, \
+isolated, or wait for an outside party; the session yields, survives restarts, and wakes when \
+results arrive.\n\nStandalone: `agents run -f session.yaml` runs a Session on an embedded SQLite \
+store. In a cluster: install the operator and `kubectl apply` Sessions; `agents session ...` (or \
+`kubectl agents session ...`) works against either store."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions (Agent, Session, Continuation) as YAML.
+    Crds,
+    /// Run a Session (and its Agent) from YAML on the embedded store, until it
+    /// succeeds, fails or yields.
+    Run(RunArgs),
+    /// Inspect and drive sessions: list, show, pending, pause, resume,
+    /// complete, approve, deny, run-isolated.
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Where sessions live: `sqlite:PATH` (embedded) or `kube` (the cluster of
+    /// the current kubeconfig context).
+    #[arg(
+        long,
+        env = "AGENTS_STORE",
+        default_value = "sqlite:./agents.db",
+        global = true
+    )]
+    pub store: String,
+    /// Namespace, for the `kube` store.
+    #[arg(long, short = 'n', env = "AGENTS_NAMESPACE", global = true)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Readable on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for machines.
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// YAML holding a Session (with an inline agent or an agentRef) and any
+    /// Agents it refers to; the same YAML `kubectl apply` takes.
+    #[arg(long, short = 'f')]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum SessionCommand {
+    /// List sessions with their phase and pending calls.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Show a session's conversation and its open calls.
+    Show {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// List the deferred calls of a session, with their tokens and what each waits for.
+    Pending {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Hold a session: no model or tool call starts until `resume`.
+    Pause {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Release a paused session and drive it on (standalone: until it
+    /// succeeds, fails or yields again).
+    Resume {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Complete a deferred call with its result. A second, different result
+    /// for the same token is refused.
+    Complete {
+        /// The continuation token (see `agents session pending`).
+        token: String,
+        /// A file holding the result: a tool response as JSON
+        /// (`{"type":"text","content":"..."}`), a result envelope, or plain text.
+        #[arg(long, conflicts_with = "text", required_unless_present = "text")]
+        result_file: Option<PathBuf>,
+        /// The result as plain text.
+        #[arg(long)]
+        text: Option<String>,
+        /// Complete with an error result the model is told about.
+        #[arg(long)]
+        error: bool,
+        /// Who completes it (recorded with the result).
+        #[arg(long, env = "USER", default_value = "cli")]
+        by: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Approve a call that waits for approval; it then runs per its policy.
+    Approve {
+        token: String,
+        #[arg(long, env = "USER", default_value = "cli")]
+        by: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Deny a call that waits for approval; the model is told it was denied.
+    Deny {
+        token: String,
+        /// Why, for the model.
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, env = "USER", default_value = "cli")]
+        by: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Act as an external worker: run the session's pending isolated calls as
+    /// local processes (envelope on stdin, result on stdout) and complete them.
+    RunIsolated {
+        session: String,
+        /// Give up on a call after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_seconds: u64,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// Runs the command line; errors are printed by the caller.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse_from(plugin_aware_args());
+    let result = match cli.command {
+        Command::Crds => {
+            print!("{}", crate::api::crds_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => run_cmd::run(args),
+        Command::Session(cmd) => session_cmd::run(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// As the kubectl plugin the binary is `kubectl-agents`; help should say
+/// `kubectl agents`.
+fn plugin_aware_args() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(first) = args.first() {
+        let is_plugin = std::path::Path::new(first)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("kubectl-agents"));
+        args[0] = if is_plugin {
+            "kubectl agents".into()
+        } else {
+            "agents".into()
+        };
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn complete_needs_exactly_one_result_source() {
+        let parse = |a: &[&str]| Cli::try_parse_from(a);
+        assert!(parse(&["agents", "session", "complete", "tok"]).is_err());
+        assert!(parse(&["agents", "session", "complete", "tok", "--text", "x"]).is_ok());
+        assert!(parse(&[
+            "agents",
+            "session",
+            "complete",
+            "tok",
+            "--text",
+            "x",
+            "--result-file",
+            "f"
+        ])
+        .is_err());
+    }
+}
