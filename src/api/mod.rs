@@ -137,5 +137,10 @@ mod tests {
             on_disk == crds_yaml(),
             "crds/agents-exe.io.yaml is out of date: run `cargo run -- crds > crds/agents-exe.io.yaml`"
         );
+        let chart = path.parent().unwrap().parent().unwrap().join("charts/agents/crds/agents-exe.io.yaml");
+        assert!(
+            std::fs::read_to_string(chart).unwrap_or_default() == on_disk,
+            "charts/agents/crds/ differs from crds/: copy crds/agents-exe.io.yaml there"
+        );
     }
 }
