@@ -2,3 +2,8 @@
 pub mod api;
 pub mod cli;
 pub mod core;
+pub mod model;
+pub mod runner;
+pub mod standalone;
+pub mod store;
+pub mod tools;

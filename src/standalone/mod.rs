@@ -1,0 +1,1 @@
+//! The standalone driver: runs a session on the embedded store (see `drive`).

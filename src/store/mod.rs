@@ -1,0 +1,199 @@
+//! The store port: where sessions and continuations live.
+//!
+//! Two adapters sit behind [`Store`]: `sqlite` (embedded, the default for
+//! `agents run`) and, with the operator work, `kube` (custom resources through
+//! the API server). The trait is shaped for the second so both behave alike:
+//!
+//! - every session write is a compare-and-swap on an opaque [`Version`]
+//!   (a `resourceVersion` in a cluster), so two writers never lose an update;
+//! - a continuation is found by its token alone, without knowing its session
+//!   (the token is the `Continuation` object name);
+//! - a continuation's result and decision are written once; a second write of
+//!   the same value is harmless, a different one is refused
+//!   (the CEL transition rule in a cluster, a guarded `UPDATE` here).
+
+pub mod sqlite;
+
+use crate::core::session::ContinuationSpec;
+use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// An opaque revision of a stored object, compared for equality only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub String);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stored value with the revision it was read at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Versioned<T> {
+    pub value: T,
+    pub version: Version,
+}
+
+/// A session as stored: the core's state plus the definition it was started
+/// from (the `Agent`/`Session` manifests), so any later process can rebuild
+/// the agent without the original file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    pub state: SessionState,
+    /// Opaque to the store: the driver's own description of the agent.
+    pub definition: serde_json::Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// An approve/deny decision on a call that waits for approval.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub approved: bool,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at: Millis,
+}
+
+/// A continuation as stored: what the core asked for, and what the outside
+/// world has written into it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContinuationRecord {
+    pub spec: ContinuationSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    pub created_at: Millis,
+}
+
+impl ContinuationRecord {
+    pub fn token(&self) -> &ContinuationToken {
+        &self.spec.token
+    }
+    pub fn is_completed(&self) -> bool {
+        self.result.is_some()
+    }
+}
+
+/// The answer to a write-once write (a result or a decision).
+#[derive(Clone, Debug, PartialEq)]
+pub enum WriteOnce {
+    /// This write set the value.
+    Recorded,
+    /// The value was already set, to this same value (a harmless repeat).
+    AlreadySame { by: String, at: Millis },
+    /// The value was already set to something else; this write was refused.
+    AlreadyDifferent { by: String, at: Millis },
+}
+
+/// One line of `agents session list`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    pub id: SessionId,
+    pub phase: crate::core::Phase,
+    pub paused: bool,
+    pub pending: usize,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session {0} not found in the store")]
+    SessionNotFound(SessionId),
+    #[error("session {0} already exists in the store")]
+    SessionExists(SessionId),
+    #[error("no continuation with token {0}; `agents session pending` lists the open ones")]
+    UnknownToken(ContinuationToken),
+    /// Someone else wrote the session since it was read: reload and retry.
+    #[error("session {id} was changed by another writer (expected version {expected})")]
+    Conflict { id: SessionId, expected: Version },
+    #[error("the store {path} is locked by another process (waited {waited_ms} ms); try again when it finishes")]
+    Locked { path: String, waited_ms: u64 },
+    #[error("{path} is not an agents store: {why}")]
+    NotAStore { path: String, why: String },
+    #[error("the store {path} has schema version {found}, newer than this build knows ({known}); upgrade agents")]
+    TooNew {
+        path: String,
+        found: i64,
+        known: i64,
+    },
+    #[error(
+        "stored data for {what} cannot be read ({why}); the store may have been edited by hand"
+    )]
+    Corrupt { what: String, why: String },
+    #[error("store error: {0}")]
+    Backend(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The store port. Async because the `kube` adapter talks to the API
+/// server; the embedded adapter answers at once.
+// Drivers await these on one task, so the futures need no `Send` bound yet.
+#[allow(async_fn_in_trait)]
+pub trait Store {
+    /// Creates a session; refuses when the id is taken.
+    async fn create_session(&self, record: SessionRecord) -> StoreResult<Version>;
+
+    async fn load_session(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>>;
+
+    /// Replaces the session if it is still at `expected`; returns the new
+    /// version, or [`StoreError::Conflict`].
+    async fn save_session(
+        &self,
+        record: &SessionRecord,
+        expected: &Version,
+    ) -> StoreResult<Version>;
+
+    async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>>;
+
+    /// Creates the continuation, or adopts the existing one (same token);
+    /// an open one takes the spec's new `waiting_for` (an approved call
+    /// moves from waiting for approval to waiting for its runner).
+    async fn ensure_continuation(
+        &self,
+        spec: &ContinuationSpec,
+        now: Millis,
+    ) -> StoreResult<ContinuationRecord>;
+
+    async fn get_continuation(
+        &self,
+        token: &ContinuationToken,
+    ) -> StoreResult<Option<ContinuationRecord>>;
+
+    /// Every continuation of a session, in call order.
+    async fn session_continuations(&self, id: &SessionId) -> StoreResult<Vec<ContinuationRecord>>;
+
+    /// Writes the result once ([`WriteOnce`]); unknown tokens are an error.
+    async fn complete_continuation(
+        &self,
+        token: &ContinuationToken,
+        result: &ToolResult,
+        by: &str,
+        now: Millis,
+    ) -> StoreResult<WriteOnce>;
+
+    /// Writes an approve/deny decision once.
+    async fn decide_continuation(
+        &self,
+        token: &ContinuationToken,
+        decision: &Decision,
+    ) -> StoreResult<WriteOnce>;
+
+    async fn cache_get(&self, key: &CacheKey) -> StoreResult<Option<ToolResult>>;
+
+    async fn cache_put(&self, key: &CacheKey, result: &ToolResult, now: Millis) -> StoreResult<()>;
+}

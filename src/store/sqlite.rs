@@ -1,0 +1,520 @@
+//! The embedded store: one SQLite file in WAL mode.
+//!
+//! Rows hold JSON documents (the same serde shapes the CRDs carry), plus the
+//! few columns that are queried or compared: the session `version` for
+//! compare-and-swap, and `result`/`decision` guarded by `IS NULL` so they
+//! are written once. `PRAGMA application_id` marks the file as ours and
+//! `PRAGMA user_version` counts the migrations applied.
+
+use super::*;
+use crate::core::{CallState, Phase};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// "AGNT": marks a SQLite file as an agents store.
+const APPLICATION_ID: i64 = 0x4147_4e54;
+
+/// Each entry is one schema version; never edit a released one, append.
+const MIGRATIONS: &[&str] = &[
+    // v1: sessions, continuations, cache.
+    "CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        phase TEXT NOT NULL,
+        paused INTEGER NOT NULL,
+        pending INTEGER NOT NULL,
+        record TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE TABLE continuations (
+        token TEXT PRIMARY KEY,
+        session TEXT NOT NULL REFERENCES sessions(id),
+        turn INTEGER NOT NULL,
+        call_index INTEGER NOT NULL,
+        spec TEXT NOT NULL,
+        result TEXT,
+        completed_by TEXT,
+        completed_at INTEGER,
+        decision TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX continuations_by_session ON continuations(session, turn, call_index);
+    CREATE TABLE tool_cache (
+        tool TEXT NOT NULL,
+        arguments_sha256 TEXT NOT NULL,
+        result TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (tool, arguments_sha256)
+    );",
+];
+
+/// How long a writer waits for another process's lock before giving up.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct SqliteStore {
+    // rusqlite connections are not Sync; one connection per process is
+    // plenty for a CLI, and the mutex makes the store shareable.
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    busy_timeout: Duration,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` and applies pending
+    /// migrations. Refuses files that are not SQLite or belong to another
+    /// application, rather than writing into them.
+    pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        Self::open_with_timeout(path, busy_timeout_from_env())
+    }
+
+    pub fn open_with_timeout(path: impl AsRef<Path>, busy_timeout: Duration) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        let display = path.display().to_string();
+        let conn = Connection::open(&path).map_err(|e| StoreError::NotAStore {
+            path: display.clone(),
+            why: e.to_string(),
+        })?;
+        let store = SqliteStore {
+            conn: Mutex::new(conn),
+            path,
+            busy_timeout,
+        };
+        store.init()?;
+        Ok(store)
+    }
+
+    /// `sqlite:PATH`, or a bare path.
+    pub fn open_url(url: &str) -> StoreResult<Self> {
+        Self::open(url.strip_prefix("sqlite:").unwrap_or(url))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init(&self) -> StoreResult<()> {
+        let conn = self.conn.lock().expect("store mutex");
+        conn.busy_timeout(self.busy_timeout)
+            .map_err(|e| self.map_err(e))?;
+        // Reading the header is the first real access: a non-SQLite file
+        // fails here with "file is not a database".
+        let app_id: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| self.map_err(e))?;
+        let user_version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.map_err(e))?;
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(|e| self.map_err(e))?;
+        if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+            return Err(StoreError::NotAStore {
+                path: self.path.display().to_string(),
+                why: "it is a SQLite database of another application; pass a new path with --store sqlite:PATH".into(),
+            });
+        }
+        let known = MIGRATIONS.len() as i64;
+        if user_version > known {
+            return Err(StoreError::TooNew {
+                path: self.path.display().to_string(),
+                found: user_version,
+                known,
+            });
+        }
+        // WAL lets readers (`session list`) run beside a writer; FULL sync
+        // makes a recorded result survive power loss, not just a crash.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| self.map_err(e))?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(|e| self.map_err(e))?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(|e| self.map_err(e))?;
+        if user_version < known {
+            let tx = conn.unchecked_transaction().map_err(|e| self.map_err(e))?;
+            // Re-read inside the write lock: another process may have migrated.
+            let current: i64 = tx
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|e| self.map_err(e))?;
+            for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+                tx.execute_batch(sql).map_err(|e| self.map_err(e))?;
+                tx.pragma_update(None, "user_version", (i + 1) as i64)
+                    .map_err(|e| self.map_err(e))?;
+            }
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(|e| self.map_err(e))?;
+            tx.commit().map_err(|e| self.map_err(e))?;
+        }
+        Ok(())
+    }
+
+    fn map_err(&self, e: rusqlite::Error) -> StoreError {
+        let path = self.path.display().to_string();
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
+                path,
+                waited_ms: self.busy_timeout.as_millis() as u64,
+            },
+            Some(ErrorCode::NotADatabase) => StoreError::NotAStore {
+                path,
+                why: "the file is not a SQLite database (or it is corrupt)".into(),
+            },
+            Some(ErrorCode::DatabaseCorrupt) => StoreError::NotAStore {
+                path,
+                why: "the database file is corrupt".into(),
+            },
+            _ => StoreError::Backend(e.to_string()),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, rusqlite::Error>,
+    ) -> StoreResult<T> {
+        let mut conn = self.conn.lock().expect("store mutex");
+        f(&mut conn).map_err(|e| self.map_err(e))
+    }
+}
+
+fn busy_timeout_from_env() -> Duration {
+    std::env::var("AGENTS_STORE_BUSY_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_BUSY_TIMEOUT)
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("store types serialise")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        what: what.to_string(),
+        why: e.to_string(),
+    })
+}
+
+fn phase_name(p: Phase) -> String {
+    format!("{p:?}")
+}
+
+fn pending_count(state: &SessionState) -> i64 {
+    state
+        .open
+        .iter()
+        .flat_map(|o| o.calls.iter())
+        .filter(|c| c.state == CallState::Deferred)
+        .count() as i64
+}
+
+fn version_number(v: &Version) -> i64 {
+    // A version this store did not hand out can never match.
+    v.0.parse().unwrap_or(-1)
+}
+
+fn load_continuation(row: &rusqlite::Row<'_>) -> rusqlite::Result<ContinuationRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+    ))
+}
+
+type ContinuationRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    i64,
+);
+
+const CONTINUATION_COLUMNS: &str =
+    "token, spec, result, completed_by, completed_at, decision, created_at";
+
+fn continuation_from_row(row: ContinuationRow) -> StoreResult<ContinuationRecord> {
+    let (token, spec, result, completed_by, completed_at, decision, created_at) = row;
+    let what = format!("continuation {token}");
+    Ok(ContinuationRecord {
+        spec: from_json(&what, &spec)?,
+        result: result.map(|r| from_json(&what, &r)).transpose()?,
+        completed_by,
+        completed_at: completed_at.map(Millis),
+        decision: decision.map(|d| from_json(&what, &d)).transpose()?,
+        created_at: Millis(created_at),
+    })
+}
+
+impl SqliteStore {
+    fn continuation_row(&self, token: &ContinuationToken) -> StoreResult<Option<ContinuationRow>> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {CONTINUATION_COLUMNS} FROM continuations WHERE token = ?1"),
+                [&token.0],
+                load_continuation,
+            )
+            .optional()
+        })
+    }
+
+    /// Sync form of [`Store::get_continuation`].
+    pub fn get_continuation_now(
+        &self,
+        token: &ContinuationToken,
+    ) -> StoreResult<Option<ContinuationRecord>> {
+        self.continuation_row(token)?
+            .map(continuation_from_row)
+            .transpose()
+    }
+}
+
+impl Store for SqliteStore {
+    async fn create_session(&self, record: SessionRecord) -> StoreResult<Version> {
+        let id = record.state.id.clone();
+        let inserted = self.with(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO sessions
+                 (id, version, phase, paused, pending, record, created_at, updated_at)
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    record.state.id.0,
+                    phase_name(record.state.phase),
+                    record.state.paused,
+                    pending_count(&record.state),
+                    to_json(&record),
+                    record.created_at.0,
+                    record.updated_at.0
+                ],
+            )
+        })?;
+        if inserted == 0 {
+            return Err(StoreError::SessionExists(id));
+        }
+        Ok(Version("1".into()))
+    }
+
+    async fn load_session(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>> {
+        let row: Option<(i64, String)> = self.with(|c| {
+            c.query_row(
+                "SELECT version, record FROM sessions WHERE id = ?1",
+                [&id.0],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+        })?;
+        row.map(|(version, record)| {
+            Ok(Versioned {
+                value: from_json(&format!("session {id}"), &record)?,
+                version: Version(version.to_string()),
+            })
+        })
+        .transpose()
+    }
+
+    async fn save_session(
+        &self,
+        record: &SessionRecord,
+        expected: &Version,
+    ) -> StoreResult<Version> {
+        let id = &record.state.id;
+        let expected_n = version_number(expected);
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE sessions SET version = version + 1, phase = ?1, paused = ?2,
+                 pending = ?3, record = ?4, updated_at = ?5
+                 WHERE id = ?6 AND version = ?7",
+                params![
+                    phase_name(record.state.phase),
+                    record.state.paused,
+                    pending_count(&record.state),
+                    to_json(record),
+                    record.updated_at.0,
+                    id.0,
+                    expected_n
+                ],
+            )
+        })?;
+        if changed == 0 {
+            return Err(StoreError::Conflict {
+                id: id.clone(),
+                expected: expected.clone(),
+            });
+        }
+        Ok(Version((expected_n + 1).to_string()))
+    }
+
+    async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>> {
+        let rows: Vec<(String, String, bool, i64, i64)> = self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, phase, paused, pending, updated_at FROM sessions ORDER BY created_at, id",
+            )?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })?;
+        rows.into_iter()
+            .map(|(id, phase, paused, pending, updated_at)| {
+                Ok(SessionSummary {
+                    phase: from_json(&format!("session {id}"), &format!("\"{phase}\""))?,
+                    id: SessionId(id),
+                    paused,
+                    pending: pending as usize,
+                    updated_at: Millis(updated_at),
+                })
+            })
+            .collect()
+    }
+
+    async fn ensure_continuation(
+        &self,
+        spec: &ContinuationSpec,
+        now: Millis,
+    ) -> StoreResult<ContinuationRecord> {
+        let spec_json = to_json(spec);
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO continuations
+                 (token, session, turn, call_index, spec, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    spec.token.0,
+                    spec.session.0,
+                    spec.call_id.turn,
+                    spec.call_id.index,
+                    spec_json,
+                    now.0
+                ],
+            )?;
+            // Adopt: an open continuation follows the call's current wait.
+            tx.execute(
+                "UPDATE continuations SET spec = ?1 WHERE token = ?2 AND result IS NULL",
+                params![spec_json, spec.token.0],
+            )?;
+            tx.commit()
+        })?;
+        self.get_continuation_now(&spec.token)?
+            .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))
+    }
+
+    async fn get_continuation(
+        &self,
+        token: &ContinuationToken,
+    ) -> StoreResult<Option<ContinuationRecord>> {
+        self.get_continuation_now(token)
+    }
+
+    async fn session_continuations(&self, id: &SessionId) -> StoreResult<Vec<ContinuationRecord>> {
+        let rows = self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {CONTINUATION_COLUMNS} FROM continuations
+                 WHERE session = ?1 ORDER BY turn, call_index"
+            ))?;
+            let rows = stmt
+                .query_map([&id.0], load_continuation)?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })?;
+        rows.into_iter().map(continuation_from_row).collect()
+    }
+
+    async fn complete_continuation(
+        &self,
+        token: &ContinuationToken,
+        result: &ToolResult,
+        by: &str,
+        now: Millis,
+    ) -> StoreResult<WriteOnce> {
+        let text = to_json(result);
+        // One guarded UPDATE: SQLite serialises writers, so of two racing
+        // completions exactly one sees `result IS NULL`.
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE continuations SET result = ?1, completed_by = ?2, completed_at = ?3
+                 WHERE token = ?4 AND result IS NULL",
+                params![text, by, now.0, token.0],
+            )
+        })?;
+        if changed == 1 {
+            return Ok(WriteOnce::Recorded);
+        }
+        let existing = self
+            .get_continuation_now(token)?
+            .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+        let by = existing.completed_by.clone().unwrap_or_default();
+        let at = existing.completed_at.unwrap_or_default();
+        Ok(if existing.result.as_ref() == Some(result) {
+            WriteOnce::AlreadySame { by, at }
+        } else {
+            WriteOnce::AlreadyDifferent { by, at }
+        })
+    }
+
+    async fn decide_continuation(
+        &self,
+        token: &ContinuationToken,
+        decision: &Decision,
+    ) -> StoreResult<WriteOnce> {
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE continuations SET decision = ?1 WHERE token = ?2 AND decision IS NULL",
+                params![to_json(decision), token.0],
+            )
+        })?;
+        if changed == 1 {
+            return Ok(WriteOnce::Recorded);
+        }
+        let existing = self
+            .get_continuation_now(token)?
+            .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+        let previous = existing
+            .decision
+            .expect("decision is set when the update is refused");
+        Ok(if previous.approved == decision.approved {
+            WriteOnce::AlreadySame {
+                by: previous.by,
+                at: previous.at,
+            }
+        } else {
+            WriteOnce::AlreadyDifferent {
+                by: previous.by,
+                at: previous.at,
+            }
+        })
+    }
+
+    async fn cache_get(&self, key: &CacheKey) -> StoreResult<Option<ToolResult>> {
+        let text: Option<String> = self.with(|c| {
+            c.query_row(
+                "SELECT result FROM tool_cache WHERE tool = ?1 AND arguments_sha256 = ?2",
+                params![key.tool, key.arguments_sha256],
+                |r| r.get(0),
+            )
+            .optional()
+        })?;
+        text.map(|t| from_json(&format!("cache entry {key}"), &t))
+            .transpose()
+    }
+
+    async fn cache_put(&self, key: &CacheKey, result: &ToolResult, now: Millis) -> StoreResult<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO tool_cache (tool, arguments_sha256, result, created_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![key.tool, key.arguments_sha256, to_json(result), now.0],
+            )
+        })?;
+        Ok(())
+    }
+}
