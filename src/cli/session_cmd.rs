@@ -1,8 +1,77 @@
 //! `agents session ...`.
 
-use super::SessionCommand;
+use super::run_cmd::block_on;
+use super::{OutputFormat, SessionCommand};
+use crate::core::ContinuationToken;
+use crate::standalone::commands::{self, Output};
+use anyhow::Context;
 use std::process::ExitCode;
 
+fn output(f: OutputFormat) -> Output {
+    Output {
+        json: f == OutputFormat::Json,
+    }
+}
+
 pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`agents session {cmd:?}` is not wired to a store in this build")
+    block_on(async move {
+        match cmd {
+            SessionCommand::List { store, output: o } => {
+                commands::list(&store.store, output(o)).await
+            }
+            SessionCommand::Show {
+                session,
+                store,
+                output: o,
+            } => commands::show(&session, &store.store, output(o)).await,
+            SessionCommand::Pending {
+                session,
+                store,
+                output: o,
+            } => commands::pending(&session, &store.store, output(o)).await,
+            SessionCommand::Pause { session, store } => {
+                commands::pause(&session, &store.store).await
+            }
+            SessionCommand::Resume {
+                session,
+                store,
+                output: o,
+            } => commands::resume(&session, &store.store, output(o)).await,
+            SessionCommand::Complete {
+                token,
+                result_file,
+                text,
+                error,
+                by,
+                store,
+            } => {
+                let raw = match (result_file, text) {
+                    (Some(path), _) => std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                    (None, Some(t)) => t,
+                    (None, None) => anyhow::bail!("give the result with --text or --result-file"),
+                };
+                let result =
+                    commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
+                commands::complete(&token, result, &by, &store.store).await
+            }
+            SessionCommand::Approve { token, by, store } => {
+                commands::decide(&token, true, None, &by, &store.store).await
+            }
+            SessionCommand::Deny {
+                token,
+                reason,
+                by,
+                store,
+            } => commands::decide(&token, false, reason, &by, &store.store).await,
+            SessionCommand::RunIsolated {
+                session,
+                timeout_seconds,
+                store,
+            } => {
+                commands::run_isolated(&session, timeout_seconds, &store.store, Output::default())
+                    .await
+            }
+        }
+    })
 }

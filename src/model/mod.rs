@@ -68,7 +68,11 @@ impl ScriptedModel {
                 .map(|(i, (name, args))| ToolCall {
                     model_call_id: format!("call_{}_{i}", turn + 1),
                     name: name.clone(),
-                    arguments: args.to_string(),
+                    // A string is sent as is, so tests can feed malformed JSON.
+                    arguments: match args {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
                 })
                 .collect(),
             usage: TokenUsage::default(),

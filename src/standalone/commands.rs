@@ -1,0 +1,585 @@
+//! What `agents run` and `agents session ...` do against a store. The CLI
+//! parses flags and calls these; each returns the process exit code.
+
+use super::definition::{self, Definition, RunnableAgent};
+use super::driver::{
+    self, absorb_outside_results, apply_events, drive, now, DriveOptions, Outcome,
+};
+use super::progress::{waiting_for_text, Progress};
+use crate::core::envelope::{CallEnvelope, ResultEnvelope};
+use crate::core::{
+    ContinuationToken, Disposition, Event, Phase, Session, SessionId, SessionState, ToolResponse,
+    ToolResult, Turn, WaitingFor,
+};
+use crate::runner::ProcessRunner;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{Decision, SessionRecord, Store, StoreError, WriteOnce};
+use anyhow::{anyhow, bail, Context};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit code when a result was refused because another one was recorded first.
+pub const EXIT_ALREADY_COMPLETED: u8 = 3;
+
+/// Where output goes and in which form.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    pub fn emit(&self, p: &Progress) {
+        if self.json {
+            println!("{}", serde_json::to_string(p).expect("progress serialises"));
+        } else {
+            println!("{}", p.to_text());
+        }
+    }
+}
+
+/// Opens the store named by `--store`.
+pub fn open_store(url: &str) -> anyhow::Result<SqliteStore> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            bail!("--store sqlite: needs a path, e.g. sqlite:./agents.db");
+        }
+        return Ok(SqliteStore::open(path)?);
+    }
+    if url == "kube" {
+        bail!("the kube store comes with the operator and is not in this build yet; use --store sqlite:PATH");
+    }
+    bail!("unknown store {url:?}; use sqlite:PATH (embedded) or kube (the cluster)")
+}
+
+/// `--store` as typed again in hints; empty for the default.
+fn store_flag(url: &str) -> String {
+    if url == "sqlite:./agents.db" {
+        String::new()
+    } else {
+        format!("--store {url}")
+    }
+}
+
+fn options(store_url: &str) -> DriveOptions {
+    DriveOptions {
+        run_isolated_here: false,
+        runner: ProcessRunner::default(),
+        store_flag: store_flag(store_url),
+    }
+}
+
+fn exit_for(outcome: &Outcome) -> ExitCode {
+    match outcome {
+        Outcome::Failed { .. } => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// Loads a stored session and rebuilds its agent from the stored definition.
+async fn load_agent<S: Store>(
+    store: &S,
+    id: &SessionId,
+) -> anyhow::Result<(SessionRecord, Definition, RunnableAgent)> {
+    let loaded = store
+        .load_session(id)
+        .await?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let def: Definition = serde_json::from_value(loaded.value.definition.clone())
+        .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
+    let agent = def
+        .build(loaded.value.created_at)
+        .map_err(|e| anyhow!("session {id}: {e}"))?;
+    Ok((loaded.value, def, agent))
+}
+
+/// `agents run -f FILE`: create (or continue) the session and drive it.
+pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let def = definition::load_file(path)?;
+    let store = open_store(store_url)?;
+    let id = def.session_id();
+    let t = now();
+    let new_messages: Vec<String>;
+    let agent;
+    match store.load_session(&id).await? {
+        None => {
+            agent = def
+                .build(t)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            // The first messages go in with the creation, in one write.
+            let mut session = Session::new(id.clone(), agent.config.clone());
+            if def.spec.paused {
+                session.handle(Event::Pause, t).ok();
+            }
+            for m in &def.spec.messages {
+                session
+                    .handle(Event::UserMessage { text: m.clone() }, t)
+                    .map_err(|e| anyhow!("{}: spec.messages: {e}", path.display()))?;
+            }
+            let record = SessionRecord {
+                state: session.into_state(),
+                definition: serde_json::to_value(&def)?,
+                created_at: t,
+                updated_at: t,
+            };
+            match store.create_session(record).await {
+                Ok(_) | Err(StoreError::SessionExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            new_messages = def.spec.messages.clone();
+        }
+        Some(existing) => {
+            let stored: Definition = serde_json::from_value(existing.value.definition.clone())
+                .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
+            if stored.agent != def.agent || stored.agent_name != def.agent_name {
+                bail!(
+                    "session {id} already exists in {store_url} with a different agent; give this one another metadata.name, or continue the stored one with `agents session resume {id}`"
+                );
+            }
+            if !def.spec.messages.starts_with(&stored.spec.messages) {
+                bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
+            }
+            new_messages = def.spec.messages[stored.spec.messages.len()..].to_vec();
+            agent = def
+                .build(existing.value.created_at)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            if !new_messages.is_empty() {
+                // Messages and the definition that lists them change together.
+                let mut record = existing.value.clone();
+                let mut session = Session::restore(record.state.clone(), agent.config.clone(), t);
+                for m in &new_messages {
+                    session
+                        .handle(Event::UserMessage { text: m.clone() }, t)
+                        .map_err(|e| anyhow!("{}: spec.messages: {e}", path.display()))?;
+                }
+                record.state = session.into_state();
+                record.definition = serde_json::to_value(&def)?;
+                record.updated_at = t;
+                store
+                    .save_session(&record, &existing.version)
+                    .await
+                    .context("adding the new messages")?;
+            }
+        }
+    }
+    for m in &new_messages {
+        out.emit(&Progress::UserMessage {
+            session: id.0.clone(),
+            text: m.clone(),
+        });
+    }
+    let outcome = drive(&store, &agent, &id, &options(store_url), &mut |p| {
+        out.emit(&p)
+    })
+    .await?;
+    Ok(exit_for(&outcome))
+}
+
+pub async fn resume(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    let (_, _, agent) = load_agent(&store, &id).await?;
+    apply_events(&store, &agent, &id, &|_| vec![Event::Resume]).await?;
+    let outcome = drive(&store, &agent, &id, &options(store_url), &mut |p| {
+        out.emit(&p)
+    })
+    .await?;
+    Ok(exit_for(&outcome))
+}
+
+pub async fn pause(session: &str, store_url: &str) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    let (_, _, agent) = load_agent(&store, &id).await?;
+    apply_events(&store, &agent, &id, &|_| vec![Event::Pause]).await?;
+    println!(
+        "session {id} paused; no model or tool call starts until `agents session resume {id}`"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn list(store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let sessions = store.list_sessions().await?;
+    if out.json {
+        println!("{}", serde_json::to_string(&sessions)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<32} {:<14} {:>7} PAUSED", "SESSION", "PHASE", "PENDING");
+    for s in sessions {
+        println!(
+            "{:<32} {:<14} {:>7} {}",
+            s.id.0,
+            format!("{:?}", s.phase),
+            s.pending,
+            if s.paused { "yes" } else { "" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn show(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    let (record, _, agent) = load_agent(&store, &id).await?;
+    // Show what the session will see: results recorded but not yet applied.
+    let state = absorb_outside_results(&store, &agent, record.state.clone()).await?;
+    if out.json {
+        let continuations = store.session_continuations(&id).await?;
+        println!(
+            "{}",
+            serde_json::json!({"session": state, "continuations": continuations})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "session {id}: {:?}{}",
+        state.phase,
+        if state.paused { " (paused)" } else { "" }
+    );
+    print_conversation(&state);
+    if let Some(answer) = &state.answer {
+        println!("answer: {answer}");
+    }
+    if let Some(reason) = &state.failure {
+        println!("failure: {reason}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_conversation(state: &SessionState) {
+    let mut agent_turn = 0;
+    for turn in &state.turns {
+        match turn {
+            Turn::User(u) => {
+                for r in &u.tool_results {
+                    println!(
+                        "  result {} {}: {}",
+                        r.call_id,
+                        r.tool,
+                        r.result.to_model_text().replace('\n', " ⏎ ")
+                    );
+                }
+                if let Some(m) = &u.message {
+                    println!("user: {m}");
+                }
+            }
+            Turn::Agent(a) => {
+                agent_turn += 1;
+                println!(
+                    "agent (turn {agent_turn}): {}",
+                    a.text.as_deref().unwrap_or("")
+                );
+                for (i, c) in a.tool_calls.iter().enumerate() {
+                    println!("  call t{agent_turn}-c{i} {}({})", c.name, c.arguments);
+                }
+            }
+        }
+    }
+    for c in state.open.iter().flat_map(|o| o.calls.iter()) {
+        let what = match (&c.result, c.waiting_for) {
+            (Some(r), _) => format!("done: {}", r.to_model_text().replace('\n', " ⏎ ")),
+            (None, Some(w)) => format!("waits for {}", waiting_for_text(w)),
+            (None, None) => format!("{:?}", c.state),
+        };
+        println!(
+            "  open {} {} [{}] {what}",
+            c.id,
+            c.call.name,
+            c.policy.disposition.name()
+        );
+    }
+}
+
+pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    let (record, _, agent) = load_agent(&store, &id).await?;
+    let records = store.session_continuations(&id).await?;
+    let session_now = Session::restore(record.state.clone(), agent.config.clone(), now());
+    let waiting = driver::pending_calls(&session_now, &options(store_url));
+    // A call completed in its continuation but not yet resumed is not pending.
+    let waiting: Vec<_> = waiting
+        .into_iter()
+        .filter(|p| {
+            !records
+                .iter()
+                .any(|r| r.spec.token.0 == p.token && r.is_completed())
+        })
+        .collect();
+    if out.json {
+        println!("{}", serde_json::to_string(&waiting)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if waiting.is_empty() {
+        println!(
+            "session {id} has no pending calls ({:?})",
+            record.state.phase
+        );
+    }
+    for p in waiting {
+        println!(
+            "{}  {} ({}) waits for {}{}\n  $ {}",
+            p.token,
+            p.tool,
+            p.call,
+            p.waiting_for.map(waiting_for_text).unwrap_or("?"),
+            p.reason.map(|r| format!(": {r}")).unwrap_or_default(),
+            p.command
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads a result: a result envelope, a tool response as JSON, or plain text.
+pub fn parse_result(
+    text: &str,
+    token: &ContinuationToken,
+    error: bool,
+) -> anyhow::Result<ToolResult> {
+    if error {
+        return Ok(ToolResult::error(text.trim_end()));
+    }
+    let trimmed = text.trim();
+    if trimmed.starts_with('{') {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(trimmed) {
+            if v.get("version").is_some() && v.get("status").is_some() {
+                return Ok(ResultEnvelope::parse_for(trimmed, token)?);
+            }
+            if v.get("type").is_some() {
+                let response: ToolResponse = serde_json::from_value(v)
+                    .context("the result looks like a tool response but is not one")?;
+                return Ok(ToolResult::ok(response));
+            }
+        }
+    }
+    Ok(ToolResult::text(text.trim_end()))
+}
+
+pub async fn complete(
+    token: &str,
+    result: ToolResult,
+    by: &str,
+    store_url: &str,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let token = ContinuationToken(token.to_string());
+    let record = store
+        .get_continuation(&token)
+        .await?
+        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+    if record.spec.waiting_for == WaitingFor::Approval && record.decision.is_none() {
+        bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
+    }
+    let session = record.spec.session.clone();
+    match store
+        .complete_continuation(&token, &result, by, now())
+        .await?
+    {
+        WriteOnce::Recorded => {
+            println!("completed {token} ({})", record.spec.tool_call.name);
+            print_next_step(&store, &session, store_url).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        WriteOnce::AlreadySame { by, .. } => {
+            println!(
+                "{token} was already completed by {by} with this same result; nothing changed"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        WriteOnce::AlreadyDifferent { by, at } => {
+            eprintln!(
+                "error: {token} is already completed (by {by} at {}); its result cannot change, this one was not recorded",
+                format_millis(at.0)
+            );
+            Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
+        }
+    }
+}
+
+async fn print_next_step<S: Store>(
+    store: &S,
+    session: &SessionId,
+    store_url: &str,
+) -> anyhow::Result<()> {
+    let open = store
+        .session_continuations(session)
+        .await?
+        .into_iter()
+        .filter(|r| !r.is_completed() && r.decision.is_none())
+        .count();
+    let flag = store_flag(store_url);
+    let flag = if flag.is_empty() {
+        flag
+    } else {
+        format!(" {flag}")
+    };
+    if open == 0 {
+        println!(
+            "no call of session {session} waits any more: agents session resume {session}{flag}"
+        );
+    } else {
+        println!("{open} call(s) of session {session} still wait (agents session pending {session}{flag})");
+    }
+    Ok(())
+}
+
+pub async fn decide(
+    token: &str,
+    approved: bool,
+    reason: Option<String>,
+    by: &str,
+    store_url: &str,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let token = ContinuationToken(token.to_string());
+    let record = store
+        .get_continuation(&token)
+        .await?
+        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+    if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
+        bail!(
+            "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",
+            waiting_for_text(record.spec.waiting_for)
+        );
+    }
+    let decision = Decision {
+        approved,
+        by: by.to_string(),
+        reason,
+        at: now(),
+    };
+    let word = if approved { "approved" } else { "denied" };
+    match store.decide_continuation(&token, &decision).await? {
+        WriteOnce::Recorded => {
+            println!("{word} {token} ({})", record.spec.tool_call.name);
+            let session = &record.spec.session;
+            let flag = store_flag(store_url);
+            println!(
+                "it takes effect when the session runs: agents session resume {session}{}",
+                if flag.is_empty() {
+                    flag
+                } else {
+                    format!(" {flag}")
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        WriteOnce::AlreadySame { by, .. } => {
+            println!("{token} was already {word} by {by}; nothing changed");
+            Ok(ExitCode::SUCCESS)
+        }
+        WriteOnce::AlreadyDifferent { by, .. } => {
+            eprintln!("error: {token} was already decided the other way by {by}; a decision cannot change");
+            Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
+        }
+    }
+}
+
+/// `agents session run-isolated SESSION`: an external worker. Runs every
+/// open isolated call of the session with the process runner and writes
+/// the results into the continuations (write-once: of two workers racing,
+/// one result stands).
+pub async fn run_isolated(
+    session: &str,
+    timeout_seconds: u64,
+    store_url: &str,
+    out: Output,
+) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    if store.load_session(&id).await?.is_none() {
+        return Err(StoreError::SessionNotFound(id).into());
+    }
+    let records = store.session_continuations(&id).await?;
+    let work = driver::isolated_work(&records);
+    if work.is_empty() {
+        println!("session {id} has no isolated call waiting to run");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let runner = ProcessRunner::default();
+    let by = format!("worker/process@{}", hostname());
+    for rec in work {
+        let Disposition::RunIsolated { spec } = &rec.spec.policy.disposition else {
+            continue;
+        };
+        let envelope = CallEnvelope::new(
+            rec.spec.token.clone(),
+            rec.spec.tool_call.clone(),
+            rec.spec.context.clone(),
+            rec.spec.policy.clone(),
+        );
+        let timeout = rec
+            .spec
+            .policy
+            .decorators
+            .timeout_seconds
+            .unwrap_or(timeout_seconds);
+        let outcome = runner
+            .run(&envelope, spec, Some(Duration::from_secs(timeout)))
+            .await;
+        out.emit(&Progress::ToolResult {
+            session: id.0.clone(),
+            call: rec.spec.call_id.to_string(),
+            tool: rec.spec.tool_call.name.clone(),
+            result: outcome.result.clone(),
+            by: "process".into(),
+        });
+        match store
+            .complete_continuation(&rec.spec.token, &outcome.result, &by, now())
+            .await?
+        {
+            WriteOnce::Recorded | WriteOnce::AlreadySame { .. } => {}
+            WriteOnce::AlreadyDifferent { by, .. } => out.emit(&Progress::Note {
+                session: id.0.clone(),
+                message: format!(
+                    "{} was completed by {by} first; this run's result was dropped",
+                    rec.spec.token
+                ),
+            }),
+        }
+    }
+    if !out.json {
+        print_next_step(&store, &id, store_url).await?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` without a date crate (civil-from-days).
+pub fn format_millis(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Used by tests and the benchmark: the phase of a stored session.
+pub async fn phase_of<S: Store>(store: &S, id: &SessionId) -> anyhow::Result<Phase> {
+    Ok(store
+        .load_session(id)
+        .await?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?
+        .value
+        .state
+        .phase)
+}

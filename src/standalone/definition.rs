@@ -1,0 +1,314 @@
+//! From YAML (the same `Session`/`Agent` manifests `kubectl apply` takes)
+//! to a runnable agent: the core's config, a model client and the tools.
+
+use crate::api::agent::{ModelProvider, ToolSpec};
+use crate::api::{convert, AgentSpec, SessionSpec};
+use crate::core::{Millis, SessionConfig, SessionId};
+use crate::model::{ModelClient, OpenAiModel, ScriptedModel, ScriptedReply};
+use crate::tools::{ToolDef, ToolKind, Toolbox};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::Path;
+
+/// What a stored session was started from: kept in the store so any later
+/// process (`resume`, a worker) rebuilds the same agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Definition {
+    pub session: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    pub agent: AgentSpec,
+    pub spec: SessionSpec,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("cannot read {path}: {why}")]
+    Read { path: String, why: String },
+    #[error("{path}: document {doc}: {why}")]
+    Invalid {
+        path: String,
+        doc: usize,
+        why: String,
+    },
+    #[error("{path}: {why}")]
+    Semantic { path: String, why: String },
+}
+
+/// Reads a file of YAML documents: exactly one `Session`, plus the
+/// `Agent`s it may refer to. Unknown fields are errors, not silently
+/// dropped: a misspelt `toolCals` must not run an agent without tools.
+pub fn load_file(path: &Path) -> Result<Definition, DefinitionError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
+        path: shown.clone(),
+        why: e.to_string(),
+    })?;
+    parse(&text, &shown)
+}
+
+pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
+    let mut sessions = Vec::new();
+    let mut agents = Vec::new();
+    for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let doc_no = i + 1;
+        let invalid = |why: String| DefinitionError::Invalid {
+            path: path.to_string(),
+            doc: doc_no,
+            why,
+        };
+        let value = Value::deserialize(doc).map_err(|e| invalid(e.to_string()))?;
+        if value.is_null() {
+            continue;
+        }
+        let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
+        let api_version = value
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let expected = format!("{}/{}", crate::api::GROUP, crate::api::VERSION);
+        if api_version != expected {
+            return Err(invalid(format!(
+                "apiVersion is {api_version:?}; expected {expected:?}"
+            )));
+        }
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| invalid("metadata.name is missing".into()))?
+            .to_string();
+        let spec = value
+            .get("spec")
+            .cloned()
+            .ok_or_else(|| invalid(format!("{kind} {name} has no spec")))?;
+        match kind {
+            "Session" => {
+                sessions.push((name, strict::<SessionSpec>(spec, "spec").map_err(invalid)?))
+            }
+            "Agent" => agents.push((name, strict::<AgentSpec>(spec, "spec").map_err(invalid)?)),
+            other => {
+                return Err(invalid(format!(
+                    "kind {other:?} is not runnable here; expected Session or Agent"
+                )))
+            }
+        }
+    }
+    let semantic = |why: String| DefinitionError::Semantic {
+        path: path.to_string(),
+        why,
+    };
+    let (session, spec) = match sessions.len() {
+        1 => sessions.remove(0),
+        0 => return Err(semantic("no Session document; `agents run` needs one Session (with an inline agent or an agentRef to an Agent in the same file)".into())),
+        n => return Err(semantic(format!("{n} Session documents; put one Session per file"))),
+    };
+    let (agent_name, agent) = match (&spec.agent, &spec.agent_ref) {
+        (Some(a), None) => (None, a.clone()),
+        (None, Some(r)) => {
+            let found = agents.iter().find(|(n, _)| n == &r.name).ok_or_else(|| {
+                semantic(format!(
+                    "session {session} refers to agent {:?}, which is not in this file",
+                    r.name
+                ))
+            })?;
+            (Some(found.0.clone()), found.1.clone())
+        }
+        _ => {
+            return Err(semantic(format!(
+                "session {session}: set exactly one of spec.agentRef and spec.agent"
+            )))
+        }
+    };
+    let def = Definition {
+        session,
+        agent_name,
+        agent,
+        spec,
+    };
+    // Build once now so every mistake surfaces before anything is stored.
+    def.build(Millis(0)).map_err(semantic)?;
+    Ok(def)
+}
+
+/// Deserialises, reporting the first unknown field by its path.
+fn strict<T: serde::de::DeserializeOwned>(value: Value, root: &str) -> Result<T, String> {
+    let mut unknown = Vec::new();
+    let parsed: T = serde_ignored::deserialize(value, |p| unknown.push(p.to_string()))
+        .map_err(|e| format!("{root}: {e}"))?;
+    if let Some(first) = unknown.first() {
+        return Err(format!(
+            "unknown field {root}.{first}; check its spelling against `agents crds` (or `kubectl explain`)"
+        ));
+    }
+    Ok(parsed)
+}
+
+/// An agent ready to run.
+#[derive(Clone, Debug)]
+pub struct RunnableAgent {
+    pub config: SessionConfig,
+    pub model: ModelClient,
+    pub toolbox: Toolbox,
+    pub system_prompt: String,
+}
+
+impl Definition {
+    pub fn session_id(&self) -> SessionId {
+        SessionId(self.session.clone())
+    }
+
+    /// The runnable agent; `created_at` anchors the session deadline.
+    pub fn build(&self, created_at: Millis) -> Result<RunnableAgent, String> {
+        let config = convert::session_config(
+            self.agent_name.as_deref(),
+            &self.agent,
+            self.spec.limits.as_ref(),
+            created_at,
+            if self.agent_name.is_some() {
+                "agent.spec"
+            } else {
+                "spec.agent"
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let model = model_client(&self.agent)?;
+        let toolbox = Toolbox::new(self.agent.tools.iter().map(tool_def).collect())
+            .map_err(|e| e.to_string())?;
+        Ok(RunnableAgent {
+            config,
+            model,
+            toolbox,
+            system_prompt: self.agent.system_prompt.clone(),
+        })
+    }
+}
+
+fn tool_def(t: &ToolSpec) -> ToolDef {
+    let kind = if let Some(b) = &t.builtin {
+        ToolKind::Builtin {
+            function: b.function.clone(),
+        }
+    } else if let Some(h) = &t.http {
+        ToolKind::Http { url: h.url.clone() }
+    } else {
+        ToolKind::Container
+    };
+    ToolDef {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        parameters: t.parameters.clone(),
+        kind,
+    }
+}
+
+fn model_client(agent: &AgentSpec) -> Result<ModelClient, String> {
+    match agent.model.provider {
+        ModelProvider::Scripted => {
+            let s = agent
+                .model
+                .scripted
+                .as_ref()
+                .ok_or("spec.model.provider is scripted but spec.model.scripted is missing")?;
+            Ok(ModelClient::Scripted(ScriptedModel {
+                replies: s
+                    .replies
+                    .iter()
+                    .map(|r| ScriptedReply {
+                        text: r.text.clone(),
+                        tool_calls: r
+                            .tool_calls
+                            .iter()
+                            .map(|c| (c.name.clone(), c.arguments.clone()))
+                            .collect(),
+                    })
+                    .collect(),
+            }))
+        }
+        ModelProvider::Openai => {
+            let o = agent
+                .model
+                .openai
+                .as_ref()
+                .ok_or("spec.model.provider is openai but spec.model.openai is missing")?;
+            let key = o.api_key_secret_ref.as_ref().and_then(|r| {
+                std::env::var(secret_env_name(&r.name, &r.key))
+                    .or_else(|_| std::env::var("OPENAI_API_KEY"))
+                    .ok()
+            });
+            Ok(ModelClient::OpenAi(OpenAiModel::new(
+                &o.base_url,
+                &o.model,
+                key,
+            )))
+        }
+    }
+}
+
+/// Standalone, a Secret reference `{name: llm, key: api-key}` is read from
+/// the environment variable `AGENTS_SECRET_LLM_API_KEY` (then
+/// `OPENAI_API_KEY`): keys never live in the store or the YAML.
+pub fn secret_env_name(name: &str, key: &str) -> String {
+    let clean = |s: &str| {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect::<String>()
+    };
+    format!("AGENTS_SECRET_{}_{}", clean(name), clean(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: helper}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - text: hi
+  tools:
+    - name: echo
+      builtin: {function: echo}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: s1}
+spec:
+  agentRef: {name: helper}
+  messages: ["hello"]
+"#;
+
+    #[test]
+    fn a_session_with_an_agent_ref_resolves_in_the_same_file() {
+        let d = parse(GOOD, "f.yaml").unwrap();
+        assert_eq!(d.session, "s1");
+        assert_eq!(d.agent_name.as_deref(), Some("helper"));
+    }
+
+    #[test]
+    fn bad_documents_say_where_and_what() {
+        let typo = GOOD.replace("messages:", "mesages:");
+        let e = parse(&typo, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("document 2") && e.contains("mesages"), "{e}");
+        let unknown_builtin = GOOD.replace("function: echo", "function: nope");
+        let e = parse(&unknown_builtin, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("\"nope\"") && e.contains("builtins"), "{e}");
+        let missing_agent = GOOD.replace("agentRef: {name: helper}", "agentRef: {name: other}");
+        let e = parse(&missing_agent, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("not in this file"), "{e}");
+        let e = parse("kind: [", "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("f.yaml"), "{e}");
+    }
+}
