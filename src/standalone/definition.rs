@@ -135,14 +135,41 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
 /// Deserialises, reporting the first unknown field by its path.
 fn strict<T: serde::de::DeserializeOwned>(value: Value, root: &str) -> Result<T, String> {
     let mut unknown = Vec::new();
-    let parsed: T = serde_ignored::deserialize(value, |p| unknown.push(p.to_string()))
-        .map_err(|e| format!("{root}: {e}"))?;
+    let parsed: Result<T, _> = serde_ignored::deserialize(value, |p| unknown.push(field_path(&p)));
+    // A misspelt required field shows up as both; the unknown name is the clue.
     if let Some(first) = unknown.first() {
+        let also = parsed
+            .as_ref()
+            .err()
+            .map(|e| format!(" ({root}: {e})"))
+            .unwrap_or_default();
         return Err(format!(
-            "unknown field {root}.{first}; check its spelling against `agents crds` (or `kubectl explain`)"
+            "unknown field {root}.{first}; check its spelling against `agents crds` (or `kubectl explain`){also}"
         ));
     }
-    Ok(parsed)
+    parsed.map_err(|e| format!("{root}: {e}"))
+}
+
+/// `tools.0.builtin.shell`: serde_ignored's path without its `?` marks
+/// for optional fields.
+fn field_path(p: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match p {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => join(field_path(parent), &index.to_string()),
+        Path::Map { parent, key } => join(field_path(parent), key),
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
+}
+
+fn join(parent: String, leaf: &str) -> String {
+    if parent.is_empty() {
+        leaf.to_string()
+    } else {
+        format!("{parent}.{leaf}")
+    }
 }
 
 /// An agent ready to run.

@@ -173,15 +173,21 @@ async fn drive_once<S: Store>(
         match state.phase {
             Phase::Succeeded => {
                 d.checkpoint(&state).await?;
-                return Ok(Outcome::Succeeded {
-                    answer: state.answer.clone().unwrap_or_default(),
+                let answer = state.answer.clone().unwrap_or_default();
+                report(Progress::Finished {
+                    session: sid.clone(),
+                    answer: answer.clone(),
                 });
+                return Ok(Outcome::Succeeded { answer });
             }
             Phase::Failed => {
                 d.checkpoint(&state).await?;
-                return Ok(Outcome::Failed {
-                    reason: state.failure.clone().unwrap_or_default(),
+                let reason = state.failure.clone().unwrap_or_default();
+                report(Progress::Failed {
+                    session: sid.clone(),
+                    reason: reason.clone(),
                 });
+                return Ok(Outcome::Failed { reason });
             }
             _ => {}
         }
@@ -415,14 +421,9 @@ async fn perform<S: Store>(
             // Decided once the queue is empty: later actions may still
             // record results (see `drive_once`).
         }
-        Action::Finished { answer } => report(Progress::Finished {
-            session: sid.to_string(),
-            answer,
-        }),
-        Action::Failed { reason } => report(Progress::Failed {
-            session: sid.to_string(),
-            reason,
-        }),
+        // Reported once the queue is drained, also when a rerun finds the
+        // session already finished.
+        Action::Finished { .. } | Action::Failed { .. } => {}
     }
     Ok(())
 }

@@ -107,6 +107,10 @@ impl Progress {
                     arguments: c.arguments.clone(),
                     disposition: tracked
                         .map(|tc| {
+                            // Refused before running: unknown tool, bad arguments.
+                            if let Some(ToolResult::Error { message }) = &tc.result {
+                                return format!("refused, the model is told: {message}");
+                            }
                             let mut d = tc.policy.disposition.name().to_string();
                             if tc.policy.decorators.approval {
                                 d.push_str(" +approval");
