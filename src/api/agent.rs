@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::free_form;
+use super::{free_form, free_form_object};
 
 /// An agent definition: which model answers, with which tools, under which
 /// tool-call policy. Sessions refer to it by name or embed it.
@@ -130,7 +130,7 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON Schema of the arguments, for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form")]
+    #[schemars(schema_with = "free_form_object")]
     pub parameters: Option<Value>,
     /// A tool built into the runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 use super::session::{AppliedPolicyStatus, ApprovalStatus, ToolCallStatus, WaitingForName};
-use super::{conditions_schema, free_form};
+use super::{conditions_schema, free_form_object};
 
 /// A deferred tool call. Its name is its token. Complete it by writing
 /// `status.result` (e.g. `agents session complete TOKEN --text ...`); the
@@ -98,7 +98,7 @@ pub struct ContinuationStatus {
     /// The final result: `{status: success, response: {type: text, content}}`
     /// or `{status: error, message}`. Set once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form")]
+    #[schemars(schema_with = "free_form_object")]
     pub result: Option<Value>,
     /// Who supplied the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]

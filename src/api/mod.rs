@@ -23,6 +23,12 @@ pub(crate) fn free_form(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
 }
 
+/// A free-form JSON object: tool results and schemas. Typed as an object
+/// so CEL rules can compare it (an untyped field is invisible to CEL).
+pub(crate) fn free_form_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
 /// Standard conditions, merged by `type`.
 pub(crate) fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -137,7 +143,12 @@ mod tests {
             on_disk == crds_yaml(),
             "crds/agents-exe.io.yaml is out of date: run `cargo run -- crds > crds/agents-exe.io.yaml`"
         );
-        let chart = path.parent().unwrap().parent().unwrap().join("charts/agents/crds/agents-exe.io.yaml");
+        let chart = path
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("charts/agents/crds/agents-exe.io.yaml");
         assert!(
             std::fs::read_to_string(chart).unwrap_or_default() == on_disk,
             "charts/agents/crds/ differs from crds/: copy crds/agents-exe.io.yaml there"

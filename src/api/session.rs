@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode};
-use super::{conditions_schema, free_form};
+use super::{conditions_schema, free_form_object};
 
 /// A conversation with an agent. The operator (or `agents run`) drives it:
 /// it calls the model, runs or defers each tool call per the agent's
@@ -214,7 +214,7 @@ pub struct ToolResultStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// `{status: success, response: {...}}` or `{status: error, message}`.
-    #[schemars(schema_with = "free_form")]
+    #[schemars(schema_with = "free_form_object")]
     pub result: Value,
     /// The `truncate` limit the result was cut to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -310,7 +310,7 @@ pub struct TrackedCallStatus {
     pub approval: Option<ApprovalStatus>,
     /// The result, once final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form")]
+    #[schemars(schema_with = "free_form_object")]
     pub result: Option<Value>,
     /// Who supplied the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
