@@ -11,36 +11,9 @@ use agents::api::convert;
 use agents::api::{Continuation, ContinuationStatus, Session};
 use agents::core::session::ContinuationSpec as CoreContinuationSpec;
 use agents::core::*;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt};
 use serde_json::json;
-use std::time::Duration;
-use support::{wait_until, TestNamespace};
-
-async fn install_crds(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let ssa = PatchParams::apply("agents-crd-test").force();
-    for crd in [
-        agents::api::Agent::crd(),
-        Session::crd(),
-        Continuation::crd(),
-    ] {
-        let name = crd.metadata.name.clone().unwrap();
-        api.patch(&name, &ssa, &Patch::Apply(&crd))
-            .await
-            .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-        wait_until(Duration::from_secs(30), "CRD established", || async {
-            let c = api.get(&name).await.ok()?;
-            c.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
-    }
-}
+use support::TestNamespace;
 
 fn quickstart() -> Session {
     serde_norway::from_str(include_str!("../examples/quickstart.yaml")).unwrap()
@@ -58,7 +31,7 @@ async fn sessions_are_validated_by_the_api_server() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    install_crds(&client).await;
+    support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "crd-session").await;
     let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
 
@@ -162,7 +135,7 @@ async fn a_continuation_result_is_written_once() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    install_crds(&client).await;
+    support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "crd-cont").await;
     let api: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
     let token = ContinuationToken::for_call(&SessionId("quickstart".into()), CallId::new(1, 1));

@@ -8,41 +8,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::Client;
-use serde::Deserialize;
 use serde_json::json;
 use support::{wait_until, TestNamespace, BUSYBOX_IMAGE};
-
-/// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
-fn crds_from_repo() -> Vec<(String, CustomResourceDefinition)> {
-    let dir = support::repo_root().join("crds");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
-        .collect();
-    files.sort();
-    let mut crds = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_norway::Deserializer::from_str(&text) {
-            let value = serde_json::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", file.display()));
-            if value.is_null() {
-                continue;
-            }
-            if value["kind"] == "CustomResourceDefinition" {
-                let crd: CustomResourceDefinition = serde_json::from_value(value)
-                    .unwrap_or_else(|e| panic!("{}: not a CRD: {e}", file.display()));
-                crds.push((file.display().to_string(), crd));
-            }
-        }
-    }
-    crds
-}
 
 fn busybox_job(name: &str, script: &str) -> Job {
     serde_json::from_value(json!({
@@ -105,34 +74,8 @@ async fn crds_apply_and_are_served() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let crds = crds_from_repo();
-    assert!(
-        !crds.is_empty(),
-        "no CustomResourceDefinition found in crds/*.yaml"
-    );
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let ssa = PatchParams::apply("agents-cluster-smoke").force();
-    for (file, crd) in &crds {
-        let name = crd.metadata.name.clone().expect("CRD without a name");
-        api.patch(&name, &ssa, &Patch::Apply(crd))
-            .await
-            .unwrap_or_else(|e| panic!("{file}: apply CRD {name}: {e}"));
-    }
-    for (_, crd) in &crds {
-        let name = crd.metadata.name.clone().unwrap();
-        wait_until(
-            Duration::from_secs(30),
-            &format!("CRD {name} Established"),
-            || async {
-                let c = api.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            },
-        )
-        .await;
+    let crds = support::install_crds(&client).await;
+    for crd in &crds {
         // Served: the resource can be listed through discovery by kubectl.
         let plural = &crd.spec.names.plural;
         let group = &crd.spec.group;

@@ -18,9 +18,11 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use serde::Deserialize;
 
 /// Where `tests/cluster/up` writes the admin kubeconfig of the test cluster.
 pub const DEFAULT_KUBECONFIG: &str = "/var/lib/agents-test-cluster/admin.kubeconfig";
@@ -223,4 +225,68 @@ where
 /// The repository root (for finding `crds/`, `examples/`, ...).
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
+pub fn crds_from_repo() -> Vec<(String, CustomResourceDefinition)> {
+    let dir = repo_root().join("crds");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    let mut crds = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", file.display()));
+            if value.is_null() {
+                continue;
+            }
+            if value["kind"] == "CustomResourceDefinition" {
+                let crd: CustomResourceDefinition = serde_json::from_value(value)
+                    .unwrap_or_else(|e| panic!("{}: not a CRD: {e}", file.display()));
+                crds.push((file.display().to_string(), crd));
+            }
+        }
+    }
+    crds
+}
+
+/// Applies every CRD in `crds/` (server-side apply, forced) and waits until
+/// each is Established. Returns them.
+pub async fn install_crds(client: &Client) -> Vec<CustomResourceDefinition> {
+    let crds = crds_from_repo();
+    assert!(
+        !crds.is_empty(),
+        "no CustomResourceDefinition found in crds/*.yaml"
+    );
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let ssa = PatchParams::apply("agents-tests").force();
+    for (file, crd) in &crds {
+        let name = crd.metadata.name.clone().expect("CRD without a name");
+        api.patch(&name, &ssa, &Patch::Apply(crd))
+            .await
+            .unwrap_or_else(|e| panic!("{file}: apply CRD {name}: {e}"));
+    }
+    for (_, crd) in &crds {
+        let name = crd.metadata.name.clone().unwrap();
+        wait_until(
+            Duration::from_secs(30),
+            &format!("CRD {name} Established"),
+            || async {
+                let c = api.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    crds.into_iter().map(|(_, crd)| crd).collect()
 }
