@@ -518,3 +518,194 @@ impl Store for SqliteStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::ContinuationSpec;
+    use crate::core::{
+        AgentTurn, Disposition, Event, Policy, Rule, Session, SessionConfig, ToolCall,
+    };
+
+    fn temp_db(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "agents-store-{name}-{}-{}.db",
+            std::process::id(),
+            now_nanos()
+        ));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    fn now_nanos() -> u32 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    }
+
+    /// A session with history, an open turn and a deferred call.
+    fn waiting_session() -> (SessionState, Vec<ContinuationSpec>) {
+        let config = SessionConfig {
+            policy: Policy {
+                rules: vec![Rule {
+                    tool: "ask".into(),
+                    disposition: Disposition::Defer {
+                        reason: "a person".into(),
+                    },
+                    decorators: Default::default(),
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut s = Session::new(SessionId("s1".into()), config);
+        s.handle(Event::UserMessage { text: "hi".into() }, Millis(1))
+            .unwrap();
+        s.handle(
+            Event::ModelReplied {
+                turn: AgentTurn {
+                    text: Some("asking".into()),
+                    tool_calls: vec![ToolCall {
+                        model_call_id: "m1".into(),
+                        name: "ask".into(),
+                        arguments: r#"{"q":"x"}"#.into(),
+                    }],
+                    usage: Default::default(),
+                },
+            },
+            Millis(2),
+        )
+        .unwrap();
+        let specs = std::iter::from_fn(|| s.poll_action())
+            .filter_map(|a| match a {
+                Action::EnsureContinuation(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        (s.into_state(), specs)
+    }
+
+    use crate::core::Action;
+
+    fn record(state: SessionState) -> SessionRecord {
+        SessionRecord {
+            state,
+            definition: serde_json::json!({"any": "thing"}),
+            created_at: Millis(1),
+            updated_at: Millis(2),
+        }
+    }
+
+    #[tokio::test]
+    async fn sessions_round_trip_and_writes_are_compare_and_swap() {
+        let path = temp_db("cas");
+        let store = SqliteStore::open(&path).unwrap();
+        let (state, _) = waiting_session();
+        let v1 = store.create_session(record(state.clone())).await.unwrap();
+        assert!(matches!(
+            store.create_session(record(state.clone())).await,
+            Err(StoreError::SessionExists(_))
+        ));
+        let loaded = store.load_session(&state.id).await.unwrap().unwrap();
+        assert_eq!(loaded.value, record(state.clone()), "lossless round trip");
+        assert_eq!(loaded.version, v1);
+
+        let mut changed = record(state.clone());
+        changed.state.paused = true;
+        let v2 = store.save_session(&changed, &v1).await.unwrap();
+        assert_ne!(v1, v2);
+        // A writer still holding v1 loses instead of overwriting.
+        let stale = store.save_session(&record(state.clone()), &v1).await;
+        assert!(
+            matches!(stale, Err(StoreError::Conflict { .. })),
+            "{stale:?}"
+        );
+        let now = store.load_session(&state.id).await.unwrap().unwrap();
+        assert!(now.value.state.paused);
+        let list = store.list_sessions().await.unwrap();
+        assert_eq!(list[0].pending, 1);
+        drop(store);
+        // Reopening applies no migration twice and keeps the data.
+        let again = SqliteStore::open(&path).unwrap();
+        assert!(again.load_session(&state.id).await.unwrap().is_some());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn continuation_results_and_decisions_are_written_once() {
+        let path = temp_db("once");
+        let store = SqliteStore::open(&path).unwrap();
+        let (state, specs) = waiting_session();
+        store.create_session(record(state)).await.unwrap();
+        let spec = &specs[0];
+        let first = store.ensure_continuation(spec, Millis(5)).await.unwrap();
+        let adopted = store.ensure_continuation(spec, Millis(9)).await.unwrap();
+        assert_eq!(first, adopted, "ensuring twice adopts the first record");
+        let token = &spec.token;
+        let a = ToolResult::text("a");
+        assert_eq!(
+            store
+                .complete_continuation(token, &a, "alice", Millis(10))
+                .await
+                .unwrap(),
+            WriteOnce::Recorded
+        );
+        assert_eq!(
+            store
+                .complete_continuation(token, &a, "bob", Millis(11))
+                .await
+                .unwrap(),
+            WriteOnce::AlreadySame {
+                by: "alice".into(),
+                at: Millis(10)
+            }
+        );
+        assert_eq!(
+            store
+                .complete_continuation(token, &ToolResult::text("b"), "bob", Millis(11))
+                .await
+                .unwrap(),
+            WriteOnce::AlreadyDifferent {
+                by: "alice".into(),
+                at: Millis(10)
+            }
+        );
+        let rec = store.get_continuation(token).await.unwrap().unwrap();
+        assert_eq!(rec.result, Some(a));
+        let unknown = ContinuationToken("nope".into());
+        assert!(matches!(
+            store
+                .complete_continuation(&unknown, &ToolResult::text("x"), "x", Millis(1))
+                .await,
+            Err(StoreError::UnknownToken(_))
+        ));
+        let d = |approved| Decision {
+            approved,
+            by: "carol".into(),
+            reason: None,
+            at: Millis(3),
+        };
+        assert_eq!(
+            store.decide_continuation(token, &d(true)).await.unwrap(),
+            WriteOnce::Recorded
+        );
+        assert!(matches!(
+            store.decide_continuation(token, &d(false)).await.unwrap(),
+            WriteOnce::AlreadyDifferent { .. }
+        ));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_store_from_a_newer_build_is_refused() {
+        let path = temp_db("newer");
+        drop(SqliteStore::open(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", 99).unwrap();
+        drop(c);
+        let err = SqliteStore::open(&path).err().unwrap();
+        assert!(err.to_string().contains("newer than this build"), "{err}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
