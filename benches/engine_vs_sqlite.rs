@@ -13,7 +13,7 @@ use agents::standalone::driver::{drive, now, DriveOptions, Outcome};
 use agents::store::sqlite::SqliteStore;
 use agents::store::*;
 use std::cell::Cell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn env(name: &str, default: usize) -> usize {
@@ -135,7 +135,7 @@ fn scratch() -> PathBuf {
 
 /// Drives `sessions` sessions to the end; returns (calls, seconds, writes, state bytes).
 async fn engine(
-    dir: &PathBuf,
+    dir: &Path,
     disposition: &str,
     sessions: usize,
     turns: usize,
@@ -184,7 +184,7 @@ async fn engine(
 }
 
 /// Single-row write transactions of `bytes` bytes, as the store commits them.
-fn raw_sqlite(dir: &PathBuf, writes: usize, bytes: usize) -> f64 {
+fn raw_sqlite(dir: &Path, writes: usize, bytes: usize) -> f64 {
     let conn = rusqlite::Connection::open(dir.join("raw.db")).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
