@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 struct Seen {
     bodies: Vec<serde_json::Value>,
     auth: Vec<String>,
+    idempotency_keys: Vec<String>,
 }
 
 /// Serves `replies` in order, one connection per request.
@@ -22,6 +23,7 @@ fn serve(replies: Vec<(u16, String)>) -> (u16, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen {
         bodies: vec![],
         auth: vec![],
+        idempotency_keys: vec![],
     }));
     let record = seen.clone();
     std::thread::spawn(move || {
@@ -30,6 +32,7 @@ fn serve(replies: Vec<(u16, String)>) -> (u16, Arc<Mutex<Seen>>) {
             let mut reader = BufReader::new(stream);
             let mut len = 0;
             let mut auth = String::new();
+            let mut key = String::new();
             loop {
                 let mut line = String::new();
                 reader.read_line(&mut line).unwrap();
@@ -39,6 +42,9 @@ fn serve(replies: Vec<(u16, String)>) -> (u16, Arc<Mutex<Seen>>) {
                 }
                 if lower.starts_with("authorization:") {
                     auth = line["authorization:".len()..].trim().to_string();
+                }
+                if lower.starts_with("idempotency-key:") {
+                    key = line["idempotency-key:".len()..].trim().to_string();
                 }
                 if line == "\r\n" || line.is_empty() {
                     break;
@@ -50,6 +56,7 @@ fn serve(replies: Vec<(u16, String)>) -> (u16, Arc<Mutex<Seen>>) {
                 let mut s = record.lock().unwrap();
                 s.bodies.push(serde_json::from_slice(&buf).unwrap());
                 s.auth.push(auth);
+                s.idempotency_keys.push(key);
             }
             let mut stream = reader.into_inner();
             write!(
@@ -139,4 +146,50 @@ spec:
             "the API key is never stored"
         );
     }
+}
+
+#[test]
+fn the_http_tool_posts_arguments_with_an_idempotency_key() {
+    let (port, seen) = serve(vec![
+        (200, r#"{"temperature": 21}"#.into()),
+        (500, "backend down".into()),
+    ]);
+    let s = Scratch::new("http-tool");
+    let file = s.write(
+        "http.yaml",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: weather}}
+spec:
+  messages: ["weather?"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: weather, arguments: {{city: Oslo}}}}
+              - {{name: weather, arguments: {{city: Bergen}}}}
+          - text: checked
+    tools:
+      - name: weather
+        http: {{url: "http://127.0.0.1:{port}/weather"}}
+"#
+        ),
+    );
+    let run = s.run(&["run", "-f", &file.display().to_string()]);
+    let out = run.ok();
+    assert!(
+        out.contains(r#"result t1-c0 weather [runSync]: {"temperature":21}"#),
+        "{out}"
+    );
+    assert!(
+        out.contains("answered 500 Internal Server Error: backend down"),
+        "{out}"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.bodies[0]["city"], "Oslo");
+    assert_eq!(seen.idempotency_keys, ["weather/t1-c0", "weather/t1-c1"]);
 }

@@ -223,7 +223,7 @@ pub async fn show(session: &str, store_url: &str, out: Output) -> anyhow::Result
     let id = SessionId(session.to_string());
     let (record, _, agent) = load_agent(&store, &id).await?;
     // Show what the session will see: results recorded but not yet applied.
-    let state = absorb_outside_results(&store, &agent, record.state.clone()).await?;
+    let state = absorb_outside_results(&store, &agent, record.state.clone(), &mut |_| {}).await?;
     if out.json {
         let continuations = store.session_continuations(&id).await?;
         println!(

@@ -160,7 +160,7 @@ async fn drive_once<S: Store>(
         record: loaded.value,
         version: loaded.version,
     };
-    let state = absorb_outside_results(store, agent, d.record.state.clone()).await?;
+    let state = absorb_outside_results(store, agent, d.record.state.clone(), report).await?;
     let mut session = Session::restore(state, agent.config.clone(), now());
     // Fires deadlines and retries that came due while nobody was running.
     let _ = session.handle(Event::Tick, now());
@@ -201,7 +201,7 @@ async fn drive_once<S: Store>(
         if state.phase == Phase::Waiting {
             d.checkpoint(&state).await?;
             // A result may have landed while we worked: take it and go on.
-            let fresh = absorb_outside_results(store, agent, state.clone()).await?;
+            let fresh = absorb_outside_results(store, agent, state.clone(), report).await?;
             if fresh != state {
                 session = Session::restore(fresh, agent.config.clone(), now());
                 continue;
@@ -486,6 +486,7 @@ pub async fn absorb_outside_results<S: Store>(
     store: &S,
     agent: &RunnableAgent,
     state: SessionState,
+    report: &mut dyn FnMut(Progress),
 ) -> Result<SessionState, StoreError> {
     let open: Vec<(ContinuationToken, Option<WaitingFor>)> = state
         .open
@@ -522,16 +523,25 @@ pub async fn absorb_outside_results<S: Store>(
             continue;
         }
         if let Some(result) = &rec.result {
-            changed |= session
-                .handle(
-                    Event::Wake {
-                        token: token.clone(),
-                        result: result.clone(),
-                        by: rec.completed_by.clone().unwrap_or_default(),
-                    },
-                    t,
-                )
-                .is_ok();
+            let by = rec.completed_by.clone().unwrap_or_default();
+            let woke = session.handle(
+                Event::Wake {
+                    token: token.clone(),
+                    result: result.clone(),
+                    by: by.clone(),
+                },
+                t,
+            );
+            if woke.is_ok() {
+                changed = true;
+                report(Progress::ToolResult {
+                    session: state.id.0.clone(),
+                    call: rec.spec.call_id.to_string(),
+                    tool: rec.spec.tool_call.name.clone(),
+                    result: result.clone(),
+                    by,
+                });
+            }
         }
     }
     Ok(if changed { session.into_state() } else { state })
