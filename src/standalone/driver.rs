@@ -340,7 +340,8 @@ async fn perform<S: Store>(
                     },
                     now(),
                 );
-            } else {
+            } else if spec.waiting_for != WaitingFor::Background {
+                // (A background call runs right away; its result is the news.)
                 report(Progress::Deferred {
                     session: sid.to_string(),
                     call: spec.call_id.to_string(),

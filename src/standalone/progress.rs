@@ -166,10 +166,10 @@ impl Progress {
                 reason,
                 ..
             } => {
-                let why = reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default();
+                let why = match (waiting_for, reason) {
+                    (WaitingFor::Approval, _) | (_, None) => String::new(),
+                    (_, Some(r)) => format!(": {r}"),
+                };
                 format!(
                     "  waits  {call} {tool} for {}{why}  (token {token})",
                     waiting_for_text(*waiting_for)
