@@ -328,3 +328,68 @@ fn approvals_pause_and_resume_with_json_output() {
         show.stdout
     );
 }
+
+const SLOW: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: slow}
+spec:
+  messages: ["take your time"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {name: nap, arguments: {ms: 1500}}
+          - text: rested
+    tools:
+      - {name: nap, builtin: {function: sleep}}
+"#;
+
+#[test]
+fn a_pause_from_another_process_stops_a_running_session_without_losing_it() {
+    let s = Scratch::new("pause");
+    let file = s.write("slow.yaml", SLOW);
+    let running = s.spawn(&["run", "-f", &file.display().to_string()]);
+    // Wait until the run has stored the agent turn and sleeps in the tool.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let show = s.run(&["session", "show", "slow"]);
+        if show.code == 0 && show.stdout.contains("call t1-c0 nap") {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let run = Run::from(running.wait_with_output().unwrap(), &["run slow"]);
+            panic!("the run never started: {show:?}\n{run:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    s.run(&["session", "pause", "slow"]).ok();
+    let out = Run::from(running.wait_with_output().unwrap(), &["run slow"]);
+    // The run's next write finds the session changed, reloads, and stops.
+    assert!(
+        out.ok().contains("session slow is paused"),
+        "{}",
+        out.stdout
+    );
+    let resumed = s.run(&["session", "resume", "slow"]);
+    assert!(
+        resumed.ok().contains("answer: rested"),
+        "{}",
+        resumed.stdout
+    );
+}
+
+#[test]
+fn processes_creating_the_store_at_once_all_succeed() {
+    for _ in 0..5 {
+        let s = Scratch::new("create-race");
+        let children: Vec<_> = (0..4)
+            .map(|_| s.spawn(&["session", "list", "--store", "sqlite:fresh.db"]))
+            .collect();
+        for c in children {
+            Run::from(c.wait_with_output().unwrap(), &["session list"]).ok();
+        }
+    }
+}

@@ -51,6 +51,10 @@ const MIGRATIONS: &[&str] = &[
     );",
 ];
 
+struct Header {
+    user_version: i64,
+}
+
 /// How long a writer waits for another process's lock before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -82,8 +86,18 @@ impl SqliteStore {
             path,
             busy_timeout,
         };
-        store.init()?;
-        Ok(store)
+        let started = std::time::Instant::now();
+        loop {
+            match store.init() {
+                // Some lock waits (a store being created or switched to WAL
+                // by another process) do not go through SQLite's busy
+                // handler; wait for them here, within the same budget.
+                Err(StoreError::Locked { .. }) if started.elapsed() < busy_timeout => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other.map(|_| store),
+            }
+        }
     }
 
     /// `sqlite:PATH`, or a bare path.
@@ -97,19 +111,58 @@ impl SqliteStore {
 
     fn init(&self) -> StoreResult<()> {
         let conn = self.conn.lock().expect("store mutex");
-        conn.busy_timeout(self.busy_timeout)
-            .map_err(|e| self.map_err(e))?;
-        // Reading the header is the first real access: a non-SQLite file
-        // fails here with "file is not a database".
+        let err = |e| self.map_err(e);
+        conn.busy_timeout(self.busy_timeout).map_err(err)?;
+        // One read transaction, so the three facts come from one snapshot
+        // even while another process is creating the store. Reading the
+        // header is the first real access: a non-SQLite file fails here.
+        let tx = conn.unchecked_transaction().map_err(err)?;
+        let header = self.header(&tx)?;
+        tx.commit().map_err(err)?;
+        let known = MIGRATIONS.len() as i64;
+        // WAL lets readers (`session list`) run beside a writer; FULL sync
+        // makes a recorded result survive power loss, not just a crash.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(err)?;
+        if header.user_version == known {
+            return Ok(());
+        }
+        // IMMEDIATE takes the write lock first (waiting on the busy
+        // timeout), then looks again: another process may have migrated.
+        let tx =
+            rusqlite::Transaction::new_unchecked(&conn, rusqlite::TransactionBehavior::Immediate)
+                .map_err(err)?;
+        let header = self.header(&tx)?;
+        for (i, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(header.user_version as usize)
+        {
+            tx.execute_batch(sql).map_err(err)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(err)?;
+        }
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    /// Reads and checks the file's identity and schema version.
+    fn header(&self, conn: &Connection) -> StoreResult<Header> {
+        let err = |e| self.map_err(e);
         let app_id: i64 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|e| self.map_err(e))?;
+            .map_err(err)?;
         let user_version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| self.map_err(e))?;
+            .map_err(err)?;
         let tables: i64 = conn
             .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-            .map_err(|e| self.map_err(e))?;
+            .map_err(err)?;
         if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
             return Err(StoreError::NotAStore {
                 path: self.path.display().to_string(),
@@ -124,30 +177,7 @@ impl SqliteStore {
                 known,
             });
         }
-        // WAL lets readers (`session list`) run beside a writer; FULL sync
-        // makes a recorded result survive power loss, not just a crash.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| self.map_err(e))?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(|e| self.map_err(e))?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(|e| self.map_err(e))?;
-        if user_version < known {
-            let tx = conn.unchecked_transaction().map_err(|e| self.map_err(e))?;
-            // Re-read inside the write lock: another process may have migrated.
-            let current: i64 = tx
-                .query_row("PRAGMA user_version", [], |r| r.get(0))
-                .map_err(|e| self.map_err(e))?;
-            for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-                tx.execute_batch(sql).map_err(|e| self.map_err(e))?;
-                tx.pragma_update(None, "user_version", (i + 1) as i64)
-                    .map_err(|e| self.map_err(e))?;
-            }
-            tx.pragma_update(None, "application_id", APPLICATION_ID)
-                .map_err(|e| self.map_err(e))?;
-            tx.commit().map_err(|e| self.map_err(e))?;
-        }
-        Ok(())
+        Ok(Header { user_version })
     }
 
     fn map_err(&self, e: rusqlite::Error) -> StoreError {
@@ -171,10 +201,24 @@ impl SqliteStore {
 
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, rusqlite::Error>,
+        mut f: impl FnMut(&mut Connection) -> Result<T, rusqlite::Error>,
     ) -> StoreResult<T> {
         let mut conn = self.conn.lock().expect("store mutex");
-        f(&mut conn).map_err(|e| self.map_err(e))
+        let started = std::time::Instant::now();
+        loop {
+            match f(&mut conn) {
+                Ok(v) => return Ok(v),
+                // A busy error that bypassed the busy handler (e.g. a stale
+                // WAL snapshot): the statement left nothing behind, retry.
+                Err(e)
+                    if matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy))
+                        && started.elapsed() < self.busy_timeout =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(self.map_err(e)),
+            }
+        }
     }
 }
 
