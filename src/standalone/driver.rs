@@ -198,7 +198,7 @@ async fn drive_once<S: Store>(
             });
             return Ok(Outcome::Paused);
         }
-        if state.phase == Phase::Waiting {
+        if state.phase == Phase::Waiting && !own_retry_due(&session, opts) {
             d.checkpoint(&state).await?;
             // A result may have landed while we worked: take it and go on.
             let fresh = absorb_outside_results(store, agent, state.clone(), report).await?;
@@ -352,7 +352,9 @@ async fn perform<S: Store>(
                 });
             }
         }
-        Action::RunInBackground { envelope, attempt } => {
+        Action::RunInBackground { envelope, attempt }
+            if still_waiting(session, &envelope.token) =>
+        {
             // Standalone, "background" runs in this process before it yields.
             let result = d
                 .agent
@@ -382,7 +384,7 @@ async fn perform<S: Store>(
             envelope,
             spec,
             attempt,
-        } => {
+        } if still_waiting(session, &envelope.token) => {
             if d.opts.run_isolated_here {
                 let timeout = envelope
                     .policy
@@ -403,6 +405,8 @@ async fn perform<S: Store>(
             }
             // Otherwise the continuation waits for `agents session run-isolated`.
         }
+        // Answered meanwhile (from the cache, or from outside): nothing to run.
+        Action::RunInBackground { .. } | Action::LaunchIsolated { .. } => {}
         Action::RecordResult { token, result, by } => {
             let outcome = d
                 .store
@@ -427,6 +431,31 @@ async fn perform<S: Store>(
         Action::Finished { .. } | Action::Failed { .. } => {}
     }
     Ok(())
+}
+
+fn still_waiting(session: &Session, token: &ContinuationToken) -> bool {
+    session
+        .state()
+        .find_call(token)
+        .is_some_and(|c| c.state == CallState::Deferred)
+}
+
+/// A retry of work this process does itself (a background call, or an
+/// isolated one run here) is due later: wait for it rather than yield.
+fn own_retry_due(session: &Session, opts: &DriveOptions) -> bool {
+    session
+        .state()
+        .open
+        .iter()
+        .flat_map(|o| o.calls.iter())
+        .any(|c| {
+            c.retry_at.is_some()
+                && match c.waiting_for {
+                    Some(WaitingFor::Background) => true,
+                    Some(WaitingFor::Isolated) => opts.run_isolated_here,
+                    _ => false,
+                }
+        })
 }
 
 #[allow(clippy::too_many_arguments)]
