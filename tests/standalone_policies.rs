@@ -131,3 +131,58 @@ fn turn_limits_fail_clearly_and_paused_sessions_wait_for_resume() {
     let resumed = s.run(&["session", "resume", "held"]);
     assert!(resumed.ok().contains("answer: hello"), "{}", resumed.stdout);
 }
+
+#[test]
+fn the_isolated_worker_retries_per_policy_and_captures_failures() {
+    let s = Scratch::new("worker-retry");
+    let marker = s.path("tried");
+    let yaml = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: work}}
+spec:
+  messages: ["go"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: once_flaky, arguments: {{}}}}
+              - {{name: broken, arguments: {{}}}}
+          - text: worked around it
+    tools:
+      - name: once_flaky
+        container:
+          command: ["/bin/sh", "-c", "if [ -e {m} ]; then echo second time lucky; else touch {m}; echo not yet >&2; exit 1; fi"]
+      - name: broken
+        container:
+          command: ["/bin/sh", "-c", "echo missing config >&2; exit 2"]
+    policy:
+      rules:
+        - {{tool: once_flaky, disposition: runIsolated, retries: 1}}
+        - {{tool: broken, disposition: runIsolated}}
+"#,
+        m = marker.display()
+    );
+    let file = s.write("w.yaml", &yaml);
+    s.run(&["run", "-f", &file.display().to_string()]).ok();
+    let worker = s.run(&["session", "run-isolated", "work"]);
+    let out = worker.ok();
+    assert!(out.contains("attempt 1 failed"), "{out}");
+    assert!(
+        out.contains("once_flaky [process]: second time lucky"),
+        "{out}"
+    );
+    assert!(
+        out.contains("broken [process]: error: the tool ended with exit status 2: missing config"),
+        "{out}"
+    );
+    let resumed = s.run(&["session", "resume", "work"]);
+    assert!(
+        resumed.ok().contains("answer: worked around it"),
+        "{}",
+        resumed.stdout
+    );
+}

@@ -515,9 +515,31 @@ pub async fn run_isolated(
             .decorators
             .timeout_seconds
             .unwrap_or(timeout_seconds);
-        let outcome = runner
-            .run(&envelope, spec, Some(Duration::from_secs(timeout)))
+        // The policy's retries apply here too; the core never sees the
+        // failed attempts of an outside worker, only its final result.
+        let retries = rec.spec.policy.decorators.retries;
+        let mut attempt = 1;
+        let outcome = loop {
+            let outcome = runner
+                .run(&envelope, spec, Some(Duration::from_secs(timeout)))
+                .await;
+            if !outcome.result.is_error() || attempt > retries {
+                break outcome;
+            }
+            out.emit(&Progress::Note {
+                session: id.0.clone(),
+                message: format!(
+                    "{} attempt {attempt} failed ({}); retrying",
+                    rec.spec.token,
+                    outcome.result.to_model_text()
+                ),
+            });
+            tokio::time::sleep(Duration::from_millis(
+                crate::core::policy::retry_backoff_millis(attempt),
+            ))
             .await;
+            attempt += 1;
+        };
         out.emit(&Progress::ToolResult {
             session: id.0.clone(),
             call: rec.spec.call_id.to_string(),
