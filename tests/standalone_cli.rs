@@ -393,3 +393,44 @@ fn processes_creating_the_store_at_once_all_succeed() {
         }
     }
 }
+
+const CHAT: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: chat}
+spec:
+  messages:
+    - "hello"
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - text: first answer
+          - text: second answer
+"#;
+
+#[test]
+fn appending_a_message_continues_and_changing_the_agent_is_refused() {
+    let s = Scratch::new("append");
+    let file = s.write("chat.yaml", CHAT);
+    let f = file.display().to_string();
+    assert!(s
+        .run(&["run", "-f", &f])
+        .ok()
+        .contains("answer: first answer"));
+    s.write(
+        "chat.yaml",
+        &CHAT.replace(
+            "    - \"hello\"\n",
+            "    - \"hello\"\n    - \"and then?\"\n",
+        ),
+    );
+    let again = s.run(&["run", "-f", &f]);
+    let out = again.ok();
+    assert!(out.contains("user: and then?"), "{out}");
+    assert!(out.contains("answer: second answer"), "{out}");
+    s.write("chat.yaml", &CHAT.replace("first answer", "other answer"));
+    s.run(&["run", "-f", &f])
+        .fails_with("already exists in sqlite:./agents.db with a different agent");
+}
