@@ -96,6 +96,20 @@ fn started(config: SessionConfig) -> Session {
     s
 }
 
+/// The model answers with `calls` at T0.
+fn reply(s: &mut Session, calls: Vec<ToolCall>) {
+    s.handle(
+        Event::ModelReplied {
+            turn: AgentTurn {
+                tool_calls: calls,
+                ..Default::default()
+            },
+        },
+        T0,
+    )
+    .unwrap();
+}
+
 fn token(call: &str) -> ContinuationToken {
     ContinuationToken(format!("demo-{call}"))
 }
@@ -241,16 +255,7 @@ fn isolated_attempts_retry_with_backoff_then_record() {
     let mut cfg = config();
     cfg.policy.rules[1].decorators.retries = 1;
     let mut s = started(cfg);
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "bash", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(&mut s, vec![call("m", "bash", "{}")]);
     drain(&mut s);
     let t = token("t1-c0");
     let out = s
@@ -314,16 +319,7 @@ fn sync_calls_retry_then_fail_and_the_model_hears_the_error() {
     let mut cfg = config();
     cfg.policy.default_decorators.retries = 2;
     let mut s = started(cfg);
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "lookup", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
     drain(&mut s);
     let mut now = T0;
     for attempt in 1..=3u32 {
@@ -381,16 +377,10 @@ fn approval_then_run_and_denial_is_fed_back() {
         ),
     );
     let mut s = started(cfg);
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("a", "lookup", "{}"), call("b", "search", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(
+        &mut s,
+        vec![call("a", "lookup", "{}"), call("b", "search", "{}")],
+    );
     let actions = drain(&mut s);
     assert_eq!(
         actions.last(),
@@ -463,16 +453,10 @@ fn cache_hit_resolves_a_deferred_call_on_resume() {
     let mut cfg = config();
     cfg.policy.rules[0].decorators.cache = true;
     let mut s = started(cfg.clone());
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "send_email", r#"{"to":"x","body":"hi"}"#)],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(
+        &mut s,
+        vec![call("m", "send_email", r#"{"to":"x","body":"hi"}"#)],
+    );
     let key = drain(&mut s)
         .into_iter()
         .find_map(|a| match a {
@@ -512,16 +496,7 @@ fn completed_sync_calls_fill_the_cache_unless_secrets_are_involved() {
         cfg.policy.default_decorators.cache = true;
         cfg.context_has_secrets = secrets;
         let mut s = started(cfg);
-        s.handle(
-            Event::ModelReplied {
-                turn: AgentTurn {
-                    tool_calls: vec![call("m", "lookup", r#"{"k":1}"#)],
-                    ..Default::default()
-                },
-            },
-            T0,
-        )
-        .unwrap();
+        reply(&mut s, vec![call("m", "lookup", r#"{"k":1}"#)]);
         let run = drain(&mut s);
         let cache_key = run.iter().find_map(|a| match a {
             Action::RunTool { cache_key, .. } => Some(cache_key.clone()),
@@ -549,16 +524,7 @@ fn deferred_call_times_out_and_a_late_result_is_refused() {
     let mut cfg = config();
     cfg.policy.rules[0].decorators.timeout_seconds = Some(30);
     let mut s = started(cfg);
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "send_email", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(&mut s, vec![call("m", "send_email", "{}")]);
     drain(&mut s);
     assert_eq!(s.poll_timeout(), Some(T0.plus_secs(30)));
     s.handle(Event::Tick, T0.plus_secs(30)).unwrap();
@@ -588,16 +554,7 @@ fn truncate_caps_results_and_redelivery_still_matches() {
     let mut cfg = config();
     cfg.policy.rules[0].decorators.truncate_bytes = Some(4);
     let mut s = started(cfg);
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "send_email", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(&mut s, vec![call("m", "send_email", "{}")]);
     let big = ToolResult::text("abcdefgh");
     let wake = |s: &mut Session, r: ToolResult| {
         s.handle(
@@ -811,16 +768,7 @@ fn messages_sent_while_busy_go_with_the_next_user_turn_and_limits_hold() {
         T0,
     )
     .unwrap();
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                tool_calls: vec![call("m", "lookup", "{}")],
-                ..Default::default()
-            },
-        },
-        T0,
-    )
-    .unwrap();
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
     drain(&mut s);
     s.handle(
         Event::ToolFinished {
