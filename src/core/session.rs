@@ -382,7 +382,7 @@ impl Session {
     }
 
     pub fn handle(&mut self, event: Event, now: Millis) -> Result<Handled, CoreError> {
-        let handled = match event {
+        match event {
             Event::UserMessage { text } => self.on_user_message(text, now).map(|_| Handled::Done),
             Event::ModelReplied { turn } => self.on_model_reply(turn, now).map(|_| Handled::Done),
             Event::ModelFailed { error, retryable } => {
@@ -429,8 +429,7 @@ impl Session {
                 }
                 Ok(Handled::Done)
             }
-        }?;
-        Ok(handled)
+        }
     }
 
     /// Wakes several tokens at once; each gets its own outcome, and one

@@ -356,18 +356,31 @@ pub fn parse_result(
     Ok(ToolResult::text(text.trim_end()))
 }
 
-pub async fn complete(
-    token: &str,
-    result: ToolResult,
-    by: &str,
+/// Opens the store and the continuation behind `token`, or says the token is unknown.
+async fn open_continuation(
     store_url: &str,
-) -> anyhow::Result<ExitCode> {
+    token: &str,
+) -> anyhow::Result<(
+    SqliteStore,
+    ContinuationToken,
+    crate::store::ContinuationRecord,
+)> {
     let store = open_store(store_url)?;
     let token = ContinuationToken(token.to_string());
     let record = store
         .get_continuation(&token)
         .await?
         .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+    Ok((store, token, record))
+}
+
+pub async fn complete(
+    token: &str,
+    result: ToolResult,
+    by: &str,
+    store_url: &str,
+) -> anyhow::Result<ExitCode> {
+    let (store, token, record) = open_continuation(store_url, token).await?;
     if record.spec.waiting_for == WaitingFor::Approval && record.decision.is_none() {
         bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
     }
@@ -431,12 +444,7 @@ pub async fn decide(
     by: &str,
     store_url: &str,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
-    let token = ContinuationToken(token.to_string());
-    let record = store
-        .get_continuation(&token)
-        .await?
-        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+    let (store, token, record) = open_continuation(store_url, token).await?;
     if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
         bail!(
             "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",
