@@ -2,6 +2,7 @@
 pub mod api;
 pub mod cli;
 pub mod core;
+pub mod engine;
 pub mod model;
 pub mod runner;
 pub mod standalone;

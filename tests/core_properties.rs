@@ -72,6 +72,7 @@ fn config() -> SessionConfig {
             deadline: None,
         },
         context_has_secrets: false,
+        ..SessionConfig::default()
     }
 }
 
@@ -148,6 +149,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
         Op::ModelError(retryable) => Event::ModelFailed {
             error: "boom".into(),
             retryable: *retryable,
+            retry_after_ms: None,
         },
         Op::ToolDone(i, ok) => Event::ToolFinished {
             call: call(*i)?.id,

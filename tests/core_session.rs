@@ -61,6 +61,7 @@ fn config() -> SessionConfig {
         tools,
         limits: Limits::default(),
         context_has_secrets: false,
+        ..SessionConfig::default()
     }
 }
 
@@ -808,6 +809,7 @@ fn model_failures_back_off_then_fail_the_session() {
             Event::ModelFailed {
                 error: "503".into(),
                 retryable: true,
+                retry_after_ms: None,
             },
             now,
         )
@@ -820,6 +822,7 @@ fn model_failures_back_off_then_fail_the_session() {
         Event::ModelFailed {
             error: "503".into(),
             retryable: true,
+            retry_after_ms: None,
         },
         now,
     )

@@ -4,6 +4,7 @@
 use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, PolicySpec};
 use super::continuation::{ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi};
 use super::session::{
+    ClaimStatus,
     AppliedPolicyStatus, ApprovalStatus, CallStateName, LimitsSpec, OpenTurnStatus, Role,
     SessionPhase, SessionStatus, ToolCallStatus, ToolResultStatus, TrackedCallStatus, TurnStatus,
     UsageStatus, WaitingForName,
@@ -106,7 +107,7 @@ pub fn session_config(
                 .and_then(|l| l.deadline_seconds)
                 .map(|s| created_at.plus_secs(s)),
         },
-        context_has_secrets: false,
+        ..SessionConfig::default()
     })
 }
 
@@ -250,7 +251,8 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         conditions: Vec::new(),
         observed_generation: None,
         paused: state.paused,
-        messages_seen: 0,
+        messages_seen: state.messages_taken,
+        retries_seen: state.retries_taken,
         agent_turns: state.agent_turns,
         pending_count: pending,
         usage: usage_status(state.usage),
@@ -264,6 +266,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         inbox: state.inbox.clone(),
         model_attempts: state.model_attempts,
         model_retry_at: state.model_retry_at.map(time),
+        model_claim: state.model_claim.as_ref().map(claim_status),
     }
 }
 
@@ -315,6 +318,9 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
         failure: status.failure.clone(),
         model_attempts: status.model_attempts,
         model_retry_at: status.model_retry_at.as_ref().map(millis),
+        model_claim: status.model_claim.as_ref().map(claim),
+        messages_taken: status.messages_seen,
+        retries_taken: status.retries_seen,
     };
     state.phase = derive_phase(&state, status.phase);
     Ok(state)
@@ -510,6 +516,7 @@ fn tracked_call_status(c: &TrackedToolCall) -> TrackedCallStatus {
         attempts: c.attempts,
         deadline: c.deadline.map(time),
         retry_at: c.retry_at.map(time),
+        claim: c.claim.as_ref().map(claim_status),
         job: None,
     }
 }
@@ -536,7 +543,22 @@ fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, C
         attempts: c.attempts,
         deadline: c.deadline.as_ref().map(millis),
         retry_at: c.retry_at.as_ref().map(millis),
+        claim: c.claim.as_ref().map(claim),
     })
+}
+
+fn claim_status(c: &Claim) -> ClaimStatus {
+    ClaimStatus {
+        holder: c.holder.clone(),
+        until: time(c.until),
+    }
+}
+
+fn claim(c: &ClaimStatus) -> Claim {
+    Claim {
+        holder: c.holder.clone(),
+        until: millis(&c.until),
+    }
 }
 
 // ---- continuations --------------------------------------------------------

@@ -114,6 +114,9 @@ pub struct SessionStatus {
     /// How many of `spec.messages` the session has taken in.
     #[serde(default)]
     pub messages_seen: u32,
+    /// The `spec.retry` value last acted on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries_seen: u32,
     /// Model turns taken.
     #[serde(default)]
     pub agent_turns: u32,
@@ -144,6 +147,20 @@ pub struct SessionStatus {
     /// When the model call is retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_retry_at: Option<Time>,
+    /// The driver whose model call is under way, and until when its claim holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_claim: Option<ClaimStatus>,
+}
+
+/// A driver's claim on work with side effects: no other driver starts the
+/// work before `until` unless the holder is known dead.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    /// The driver holding the claim (an operator replica or a CLI process).
+    pub holder: String,
+    /// When the claim lapses if the holder has not finished.
+    pub until: Time,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -324,6 +341,9 @@ pub struct TrackedCallStatus {
     /// When a failed attempt is retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<Time>,
+    /// The driver running the current attempt, and until when its claim holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimStatus>,
     /// The Job running the call, for isolated calls in a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,

@@ -115,6 +115,15 @@ pub enum SessionCommand {
         #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Retry a session that failed (for example because its model kept
+    /// failing): it runs again from its last checkpoint.
+    Retry {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
     /// Complete a deferred call with its result. A second, different result
     /// for the same token is refused.
     Complete {

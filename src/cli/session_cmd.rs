@@ -37,6 +37,11 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
                 store,
                 output: o,
             } => commands::resume(&session, &store.store, output(o)).await,
+            SessionCommand::Retry {
+                session,
+                store,
+                output: o,
+            } => commands::retry(&session, &store.store, output(o)).await,
             SessionCommand::Complete {
                 token,
                 result_file,

@@ -3,12 +3,14 @@
 //! ```text
 //! Ready    -> Running | Deferred | Completed
 //! Running  -> Completed | Failed
-//! Deferred -> Ready | Completed
+//! Deferred -> Ready | Completed | Failed
 //! Completed, Failed: final
 //! ```
 //! `Completed` may carry an error result (a denied approval, a timeout, a
-//! malformed call): the model is told. `Failed` is a call that ran here and
-//! failed after its retries.
+//! malformed call): the model is told. `Failed` is a call that ran (here,
+//! in the background or isolated) and failed after its retries; the seed's
+//! `Deferred -> Failed` is added because background and isolated attempts
+//! run while their call stays deferred (its continuation is the handle).
 
 use super::conversation::{ToolCall, ToolResult};
 use super::ids::{CallId, ContinuationToken};
@@ -42,6 +44,7 @@ impl CallState {
                 | (Running, Failed)
                 | (Deferred, Ready)
                 | (Deferred, Completed)
+                | (Deferred, Failed)
         )
     }
 }
@@ -74,6 +77,24 @@ pub enum WaitingFor {
     Isolated,
     /// An outside party (`defer`).
     External,
+}
+
+/// A driver's committed claim on work with side effects (a model call, a
+/// tool run, a background or isolated attempt). It is written with the
+/// same checkpoint that starts the work; another driver leaves claimed work
+/// alone until `until`, or until the driver reports the holder dead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub holder: String,
+    pub until: Millis,
+}
+
+impl Claim {
+    /// True when this claim keeps `me` from starting the work at `now`.
+    pub fn blocks(&self, me: &str, dead: &std::collections::BTreeSet<String>, now: Millis) -> bool {
+        self.holder != me && self.until > now && !dead.contains(&self.holder)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,6 +133,9 @@ pub struct TrackedToolCall {
     /// When a failed attempt is retried (the `retries` decorator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<Millis>,
+    /// The driver running the current attempt (see [`Claim`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
 }
 
 impl TrackedToolCall {
@@ -129,6 +153,7 @@ impl TrackedToolCall {
             attempts: 0,
             deadline: None,
             retry_at: None,
+            claim: None,
         }
     }
 
@@ -161,6 +186,7 @@ impl TrackedToolCall {
         self.completed_by = Some(by.to_string());
         self.deadline = None;
         self.retry_at = None;
+        self.claim = None;
         Ok(())
     }
 }
@@ -181,6 +207,7 @@ mod tests {
             (Running, Failed),
             (Deferred, Ready),
             (Deferred, Completed),
+            (Deferred, Failed),
         ];
         for from in all {
             for to in all {

@@ -208,3 +208,14 @@ pub enum Turn {
     User(UserTurn),
     Agent(AgentTurn),
 }
+
+/// A tool as the model is told about it: name, description and the JSON
+/// Schema of its arguments. Core data, so model adapters need no runner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSchema {
+    pub name: String,
+    pub description: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+}

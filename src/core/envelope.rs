@@ -7,6 +7,7 @@ use super::call::TrackedToolCall;
 use super::conversation::{ToolCall, ToolResponse, ToolResult};
 use super::ids::{CallId, ContinuationToken, SessionId};
 use super::policy::AppliedPolicy;
+use super::session::Scope;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -30,13 +31,31 @@ pub struct ContextSnapshot {
 }
 
 impl ContextSnapshot {
-    pub fn for_call(session: &SessionId, call: &TrackedToolCall, agent: Option<&str>) -> Self {
+    /// The snapshot for `call`. The idempotency key names the namespace,
+    /// the session's unique id and the call, so two sessions named alike
+    /// (in two namespaces, or one deleted and re-created) never share keys.
+    pub fn for_call(
+        session: &SessionId,
+        scope: &Scope,
+        call: &TrackedToolCall,
+        agent: Option<&str>,
+    ) -> Self {
+        let ns = if scope.namespace.is_empty() {
+            "-"
+        } else {
+            scope.namespace.as_str()
+        };
+        let uid = if scope.uid.is_empty() {
+            session.0.as_str()
+        } else {
+            scope.uid.as_str()
+        };
         ContextSnapshot {
             session: session.clone(),
             turn: call.id.turn,
             call_id: call.id,
             agent: agent.map(str::to_string),
-            idempotency_key: format!("{}/{}", session, call.id),
+            idempotency_key: format!("{ns}/{}/{uid}/{}", session, call.id),
             params: BTreeMap::new(),
         }
     }

@@ -29,13 +29,15 @@ pub mod policy;
 pub mod session;
 pub mod time;
 
-pub use cache::CacheKey;
-pub use call::{CallState, TrackedToolCall, WaitingFor};
-pub use conversation::{AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, Turn, UserTurn};
+pub use cache::{CacheKey, CacheScope};
+pub use call::{CallState, Claim, TrackedToolCall, WaitingFor};
+pub use conversation::{
+    AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, ToolSchema, Turn, UserTurn,
+};
 pub use ids::{CallId, ContinuationToken, SessionId};
 pub use policy::{AppliedPolicy, Decorators, Disposition, IsolationSpec, Policy, Rule};
 pub use session::{
-    Action, CoreError, Event, Handled, Limits, Phase, Session, SessionConfig, SessionState,
-    WakeOutcome,
+    Action, CoreError, DriverRole, Event, Handled, Limits, Outlook, Phase, Scope, Session,
+    SessionConfig, SessionState, WakeOutcome,
 };
 pub use time::Millis;

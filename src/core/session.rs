@@ -13,8 +13,8 @@
 //! 4. when the queue is empty, persist and sleep until
 //!    [`Session::poll_timeout`] or the next outside event.
 
-use super::cache::{cache_key, CacheKey};
-use super::call::{Approval, CallState, TrackedToolCall, TransitionError, WaitingFor};
+use super::cache::{cache_key, CacheKey, CacheScope};
+use super::call::{Approval, CallState, Claim, TrackedToolCall, TransitionError, WaitingFor};
 use super::conversation::{
     AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, ToolResultEntry, Turn, UserTurn,
 };
@@ -25,14 +25,25 @@ use super::policy::{
 };
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// How many times a failing model call is retried before the session fails.
+/// How many times a failing model call is retried before the session fails
+/// (the default of `spec.model.maxRetries`).
 pub const MODEL_RETRIES: u32 = 4;
+/// Default model call timeout (`spec.model.timeoutSeconds`).
+pub const MODEL_TIMEOUT_SECS: u64 = 60;
+/// A tool without a `timeout` decorator is stopped after this long, so a
+/// claim on it always expires.
+pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 300;
+/// Added to a claim beyond the work's own timeout: the holder has stopped
+/// the work by then.
+pub const CLAIM_GRACE_MILLIS: i64 = 15_000;
+/// Default largest result kept (`spec.maxResultBytes`): 8 MiB.
+pub const MAX_RESULT_BYTES: usize = 8 << 20;
 
-/// What the agent definition contributes. Not persisted with the state: the
-/// driver rebuilds it from the agent each time.
-#[derive(Clone, Debug, Default)]
+/// What the agent definition and the driver contribute. Not persisted with
+/// the state: the driver rebuilds it each time.
+#[derive(Clone, Debug)]
 pub struct SessionConfig {
     pub agent: Option<String>,
     pub policy: Policy,
@@ -42,6 +53,76 @@ pub struct SessionConfig {
     pub limits: Limits,
     /// The call context holds secrets: nothing may be cached.
     pub context_has_secrets: bool,
+    /// Where keys that leave the process are valid: idempotency and cache keys.
+    pub scope: Scope,
+    /// Model call timeout and retries.
+    pub model_timeout_secs: u64,
+    pub model_retries: u32,
+    /// Results larger than this are cut, and the model is told.
+    pub max_result_bytes: usize,
+    /// Timeout of a tool without a `timeout` decorator.
+    pub default_tool_timeout_secs: u64,
+    /// Fingerprints of tool definitions (image and command, URL), so a
+    /// changed tool never reuses cached results of the old one.
+    pub tool_fingerprints: BTreeMap<String, String>,
+    /// Who drives and what it may start.
+    pub driver: DriverRole,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            agent: None,
+            policy: Policy::default(),
+            tools: BTreeMap::new(),
+            limits: Limits::default(),
+            context_has_secrets: false,
+            scope: Scope::default(),
+            model_timeout_secs: MODEL_TIMEOUT_SECS,
+            model_retries: MODEL_RETRIES,
+            max_result_bytes: MAX_RESULT_BYTES,
+            default_tool_timeout_secs: DEFAULT_TOOL_TIMEOUT_SECS,
+            tool_fingerprints: BTreeMap::new(),
+            driver: DriverRole::default(),
+        }
+    }
+}
+
+/// The namespace and unique id of the session: two sessions named alike (in
+/// two namespaces, or one re-created) never share keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub namespace: String,
+    pub uid: String,
+}
+
+/// The driver performing this step: its claim holder name and the kinds of
+/// work it starts. A worker (`agents session run-isolated`) starts isolated
+/// runs only; `agents run` and the operator start everything they can run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverRole {
+    pub holder: String,
+    /// Holders the driver knows to be dead (a crashed process, an earlier
+    /// instance of itself): their claims are void.
+    pub dead_holders: BTreeSet<String>,
+    /// Calls the model and runs `runSync` tools.
+    pub model: bool,
+    /// Runs `runAsync` calls.
+    pub background: bool,
+    /// Runs `runIsolated` calls.
+    pub isolated: bool,
+}
+
+impl Default for DriverRole {
+    fn default() -> Self {
+        DriverRole {
+            holder: "driver".into(),
+            dead_holders: BTreeSet::new(),
+            model: true,
+            background: true,
+            isolated: true,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,6 +196,16 @@ pub struct SessionState {
     pub model_attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_retry_at: Option<Millis>,
+    /// The driver whose model call is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_claim: Option<Claim>,
+    /// How many user messages the session has taken in (from `spec.messages`),
+    /// so a driver re-reading them never sends one twice.
+    #[serde(default)]
+    pub messages_taken: u32,
+    /// How many user retries of a failed session were taken (`spec.retry`).
+    #[serde(default)]
+    pub retries_taken: u32,
 }
 
 impl SessionState {
@@ -132,6 +223,9 @@ impl SessionState {
             failure: None,
             model_attempts: 0,
             model_retry_at: None,
+            model_claim: None,
+            messages_taken: 0,
+            retries_taken: 0,
         }
     }
 
@@ -209,6 +303,19 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Work with side effects that a pause or a lost claim must not start.
+    pub fn starts_work(&self) -> bool {
+        matches!(
+            self,
+            Action::CallModel { .. }
+                | Action::RunTool { .. }
+                | Action::RunInBackground { .. }
+                | Action::LaunchIsolated { .. }
+        )
+    }
+}
+
 /// What a `Continuation` holds when created.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -240,6 +347,8 @@ pub enum Event {
     ModelFailed {
         error: String,
         retryable: bool,
+        /// The server asked to wait this long (`Retry-After`).
+        retry_after_ms: Option<u64>,
     },
     /// A `RunTool` finished.
     ToolFinished {
@@ -270,6 +379,8 @@ pub enum Event {
     Tick,
     Pause,
     Resume,
+    /// The user asked to retry a failed session.
+    Retry,
 }
 
 /// The answer to a wake or decision for one token.
@@ -302,6 +413,8 @@ pub enum CoreError {
         state: CallState,
         what: &'static str,
     },
+    #[error("continuation {token} waits for an approval; approve or deny it before a result can be recorded")]
+    AwaitsApproval { token: ContinuationToken },
     #[error("the message is empty; send some text")]
     EmptyMessage,
     #[error("session {id} has failed ({reason}); start a new session")]
@@ -334,13 +447,19 @@ impl Session {
     /// Rebuilds a session from stored state and re-derives what it still
     /// has to do (at-least-once for steps that were under way).
     pub fn restore(state: SessionState, config: SessionConfig, now: Millis) -> Self {
-        let mut s = Session {
+        let mut s = Session::restore_quiet(state, config);
+        s.replan(now);
+        s
+    }
+
+    /// Rebuilds a session without planning any work: a driver first feeds
+    /// it what the outside wrote, then calls [`Session::replan`].
+    pub fn restore_quiet(state: SessionState, config: SessionConfig) -> Self {
+        Session {
             state,
             config,
             actions: VecDeque::new(),
-        };
-        s.rederive(now);
-        s
+        }
     }
 
     pub fn state(&self) -> &SessionState {
@@ -359,34 +478,119 @@ impl Session {
         self.actions.pop_front()
     }
 
-    /// When the core next needs a `Tick`: retries, timeouts, the deadline.
+    /// When the core next needs a `Tick`: retries, timeouts, the deadline,
+    /// and claims of other drivers that expire.
     pub fn poll_timeout(&self) -> Option<Millis> {
         if self.state.phase.is_final() {
             return None;
         }
         let mut times: Vec<Millis> = Vec::new();
         times.extend(self.config.limits.deadline);
-        if !self.state.paused {
+        let paused = self.state.paused;
+        if !paused && self.state.phase == Phase::AwaitingModel && self.config.driver.model {
             times.extend(self.state.model_retry_at);
+            times.extend(self.state.model_claim.as_ref().map(|c| c.until));
         }
         for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
             if c.state.is_final() {
                 continue;
             }
             times.extend(c.deadline);
-            if !self.state.paused {
+            if !paused && self.runs_here(c) {
                 times.extend(c.retry_at);
+                times.extend(c.claim.as_ref().map(|c| c.until));
             }
         }
         times.into_iter().min()
+    }
+
+    /// What the session waits for once the action queue is empty: the
+    /// driver's outcome, decided here and nowhere else.
+    pub fn outlook(&self, now: Millis) -> Outlook {
+        match self.state.phase {
+            Phase::Succeeded => {
+                return Outlook::Succeeded {
+                    answer: self.state.answer.clone().unwrap_or_default(),
+                }
+            }
+            Phase::Failed => {
+                return Outlook::Failed {
+                    reason: self.state.failure.clone().unwrap_or_default(),
+                }
+            }
+            _ => {}
+        }
+        if self.state.paused {
+            return Outlook::Paused;
+        }
+        if self.state.phase == Phase::Idle {
+            return Outlook::Idle;
+        }
+        // Work this driver will do itself later: a retry or backoff, or work
+        // another driver holds that falls to us when its claim expires.
+        let mut own: Vec<Millis> = Vec::new();
+        if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
+            own.extend(self.state.model_retry_at);
+            own.extend(
+                self.state
+                    .model_claim
+                    .as_ref()
+                    .filter(|c| self.blocked(c, now))
+                    .map(|c| c.until),
+            );
+        }
+        let mut deadlines: Vec<Millis> = Vec::new();
+        deadlines.extend(self.config.limits.deadline);
+        let mut in_flight_here = false;
+        for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
+            if c.state.is_final() {
+                continue;
+            }
+            deadlines.extend(c.deadline);
+            if self.runs_here(c) {
+                own.extend(c.retry_at);
+                match &c.claim {
+                    Some(claim) if self.blocked(claim, now) => own.push(claim.until),
+                    // Ours and under way elsewhere in this process (a
+                    // background task, a Job): its end wakes us; the claim's
+                    // expiry is the fallback.
+                    Some(claim) => {
+                        in_flight_here = true;
+                        deadlines.push(claim.until);
+                    }
+                    None => {}
+                }
+            }
+        }
+        let pending: Vec<ContinuationToken> = self
+            .state
+            .pending()
+            .into_iter()
+            .filter(|c| !self.runs_here(c) || c.claim.is_some())
+            .filter_map(|c| c.token.clone())
+            .collect();
+        if let Some(at) = own.iter().min().copied() {
+            if !in_flight_here {
+                return Outlook::Busy { at };
+            }
+            deadlines.push(at);
+        }
+        Outlook::Waiting {
+            pending,
+            wake_at: deadlines.into_iter().min(),
+        }
     }
 
     pub fn handle(&mut self, event: Event, now: Millis) -> Result<Handled, CoreError> {
         match event {
             Event::UserMessage { text } => self.on_user_message(text, now).map(|_| Handled::Done),
             Event::ModelReplied { turn } => self.on_model_reply(turn, now).map(|_| Handled::Done),
-            Event::ModelFailed { error, retryable } => {
-                self.on_model_failed(error, retryable, now);
+            Event::ModelFailed {
+                error,
+                retryable,
+                retry_after_ms,
+            } => {
+                self.on_model_failed(error, retryable, retry_after_ms, now);
                 Ok(Handled::Done)
             }
             Event::ToolFinished {
@@ -419,16 +623,17 @@ impl Session {
                 Ok(Handled::Done)
             }
             Event::Pause => {
-                self.state.paused = true;
+                self.on_pause();
                 Ok(Handled::Done)
             }
             Event::Resume => {
                 if self.state.paused {
                     self.state.paused = false;
-                    self.rederive(now);
+                    self.replan(now);
                 }
                 Ok(Handled::Done)
             }
+            Event::Retry => self.on_retry(now).map(|_| Handled::Done),
         }
     }
 
@@ -449,12 +654,41 @@ impl Session {
             .collect()
     }
 
+    /// True when `action` still matches the state: a queued start whose
+    /// call was answered meanwhile (from the cache, from outside) is stale.
+    pub fn is_current(&self, action: &Action) -> bool {
+        let deferred_attempt = |token: &ContinuationToken, attempt: u32| {
+            self.state.find_call(token).is_some_and(|c| {
+                c.state == CallState::Deferred && c.attempts == attempt && c.retry_at.is_none()
+            })
+        };
+        match action {
+            Action::CallModel { .. } => {
+                self.state.phase == Phase::AwaitingModel && !self.state.paused
+            }
+            Action::RunTool { call, .. } => self
+                .state
+                .open
+                .iter()
+                .flat_map(|o| o.calls.iter())
+                .any(|c| c.id == *call && c.state == CallState::Running && c.retry_at.is_none()),
+            Action::RunInBackground { envelope, attempt } => {
+                deferred_attempt(&envelope.token, *attempt)
+            }
+            Action::LaunchIsolated {
+                envelope, attempt, ..
+            } => deferred_attempt(&envelope.token, *attempt),
+            _ => true,
+        }
+    }
+
     // ---- events -------------------------------------------------------
 
     fn on_user_message(&mut self, text: String, now: Millis) -> Result<(), CoreError> {
         if text.trim().is_empty() {
             return Err(CoreError::EmptyMessage);
         }
+        self.state.messages_taken += 1;
         match self.state.phase {
             Phase::Idle | Phase::Succeeded | Phase::Failed => {
                 self.state.failure = None;
@@ -465,6 +699,14 @@ impl Session {
                     tool_results: Vec::new(),
                 }));
                 self.await_model(now);
+            }
+            // The model has not been asked yet: the message joins the
+            // request as its own user message.
+            Phase::AwaitingModel if self.state.model_claim.is_none() => {
+                self.state.turns.push(Turn::User(UserTurn {
+                    message: Some(text),
+                    tool_results: Vec::new(),
+                }));
             }
             Phase::AwaitingModel | Phase::RunningTools | Phase::Waiting => {
                 self.state.inbox.push(text)
@@ -483,6 +725,7 @@ impl Session {
         self.state.usage.add(turn.usage);
         self.state.model_attempts = 0;
         self.state.model_retry_at = None;
+        self.state.model_claim = None;
         let turn_no = self.state.agent_turns;
         let calls = turn.tool_calls.clone();
         let text = turn.text.clone();
@@ -496,11 +739,7 @@ impl Session {
                 self.push(Action::Checkpoint);
                 self.push(Action::Finished { answer });
             } else {
-                let message = self.take_inbox();
-                self.state.turns.push(Turn::User(UserTurn {
-                    message,
-                    tool_results: Vec::new(),
-                }));
+                self.flush_inbox();
                 self.push(Action::Checkpoint);
                 self.await_model(now);
             }
@@ -547,22 +786,55 @@ impl Session {
         call.parsed_arguments().err()
     }
 
-    fn on_model_failed(&mut self, error: String, retryable: bool, now: Millis) {
+    fn on_model_failed(
+        &mut self,
+        error: String,
+        retryable: bool,
+        retry_after_ms: Option<u64>,
+        now: Millis,
+    ) {
         if self.state.phase != Phase::AwaitingModel {
             return;
         }
+        self.state.model_claim = None;
         self.state.model_attempts += 1;
-        if retryable && self.state.model_attempts <= MODEL_RETRIES {
-            let at = now
-                .plus_millis(retry_backoff_millis(self.state.model_attempts))
-                .ceil_to_second();
-            self.state.model_retry_at = Some(at);
+        if retryable && self.state.model_attempts <= self.config.model_retries {
+            let backoff = retry_backoff_millis(self.state.model_attempts);
+            let wait = retry_after_ms.map_or(backoff, |r| r.max(backoff));
+            self.state.model_retry_at = Some(now.plus_millis(wait).ceil_to_second());
         } else {
             self.fail(format!(
                 "the model call failed after {} attempt(s): {error}",
                 self.state.model_attempts
             ));
         }
+    }
+
+    /// A user asked to retry a failed session: the failed model step (or
+    /// the step that failed) runs again from the last checkpoint.
+    fn on_retry(&mut self, now: Millis) -> Result<(), CoreError> {
+        self.state.retries_taken += 1;
+        if self.state.phase != Phase::Failed {
+            return Ok(());
+        }
+        self.state.failure = None;
+        self.state.model_attempts = 0;
+        self.state.model_retry_at = None;
+        self.state.model_claim = None;
+        if self.state.open.is_some() {
+            self.state.phase = Phase::RunningTools;
+            self.settle(now);
+            self.replan(now);
+        } else {
+            match self.state.turns.last() {
+                Some(Turn::User(_)) => {
+                    self.state.phase = Phase::AwaitingModel;
+                    self.replan(now);
+                }
+                _ => self.state.phase = Phase::Idle,
+            }
+        }
+        Ok(())
     }
 
     fn on_tool_finished(
@@ -573,9 +845,11 @@ impl Session {
         now: Millis,
     ) -> Result<(), CoreError> {
         let secrets = self.config.context_has_secrets;
+        let scope = self.cache_scope();
         let call = self
             .open_call_mut(|c| c.id == id && c.state == CallState::Running)
             .ok_or(CoreError::UnknownCall { call: id })?;
+        call.claim = None;
         let mut store = None;
         if result.is_error() && !from_cache && call.attempts <= call.policy.decorators.retries {
             call.retry_at = Some(
@@ -583,9 +857,9 @@ impl Session {
                     .ceil_to_second(),
             );
         } else {
-            let result = truncate(result, call.policy.decorators.truncate_bytes);
+            let result = truncate(result, Some(result_limit(call, scope.1)));
             if call.policy.decorators.cache && !from_cache && !result.is_error() {
-                store = cache_key(&call.call, secrets).map(|key| Action::StoreCache {
+                store = cache_key(&call.call, secrets, &scope.0).map(|key| Action::StoreCache {
                     key,
                     result: result.clone(),
                 });
@@ -605,6 +879,18 @@ impl Session {
         Ok(())
     }
 
+    /// The cache scope of this session's calls (tool fingerprint is added
+    /// per tool) and the result size limit.
+    fn cache_scope(&self) -> (CacheScope, usize) {
+        (
+            CacheScope {
+                namespace: self.config.scope.namespace.clone(),
+                fingerprints: self.config.tool_fingerprints.clone(),
+            },
+            self.config.max_result_bytes,
+        )
+    }
+
     fn on_attempt_finished(
         &mut self,
         token: &ContinuationToken,
@@ -613,6 +899,7 @@ impl Session {
         now: Millis,
     ) -> Result<WakeOutcome, CoreError> {
         let secrets = self.config.context_has_secrets;
+        let scope = self.cache_scope();
         let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
             return Ok(WakeOutcome::Unknown);
         };
@@ -631,6 +918,7 @@ impl Session {
                 what: "a runner's result",
             });
         }
+        call.claim = None;
         if result.is_error() && call.attempts <= call.policy.decorators.retries {
             call.retry_at = Some(
                 now.plus_millis(retry_backoff_millis(call.attempts))
@@ -638,14 +926,17 @@ impl Session {
             );
             return Ok(WakeOutcome::Applied);
         }
-        let result = truncate(result, call.policy.decorators.truncate_bytes);
+        let result = truncate(result, Some(result_limit(call, scope.1)));
         let store = (call.policy.decorators.cache && !result.is_error())
-            .then(|| cache_key(&call.call, secrets))
+            .then(|| cache_key(&call.call, secrets, &scope.0))
             .flatten();
-        let call = self
-            .open_call_mut(|c| c.token.as_ref() == Some(token))
-            .expect("found above");
-        call.finish(CallState::Completed, result.clone(), "agents")?;
+        // A run that failed after its retries fails like a sync call.
+        let to = if result.is_error() {
+            CallState::Failed
+        } else {
+            CallState::Completed
+        };
+        call.finish(to, result.clone(), "agents")?;
         self.push(Action::RecordResult {
             token: token.clone(),
             result: result.clone(),
@@ -665,11 +956,18 @@ impl Session {
         by: &str,
         now: Millis,
     ) -> Result<WakeOutcome, CoreError> {
+        let limit = self.config.max_result_bytes;
         let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
             return self.wake_closed(token, result);
         };
-        let result = truncate(result, call.policy.decorators.truncate_bytes);
+        let result = truncate(result, Some(result_limit(call, limit)));
         match call.state {
+            // A result never pre-empts an approval.
+            CallState::Deferred if call.waiting_for == Some(WaitingFor::Approval) => {
+                Err(CoreError::AwaitsApproval {
+                    token: token.clone(),
+                })
+            }
             CallState::Deferred => {
                 call.finish(CallState::Completed, result, by)?;
                 self.settle(now);
@@ -708,9 +1006,16 @@ impl Session {
         token: &ContinuationToken,
         result: ToolResult,
     ) -> Result<WakeOutcome, CoreError> {
+        let limit = self.config.max_result_bytes;
         match self.closed_entry(token) {
             None => Ok(WakeOutcome::Unknown),
-            Some(entry) if entry.result == truncate(result, entry.truncate_bytes) => {
+            Some(entry)
+                if entry.result
+                    == truncate(
+                        result,
+                        Some(entry.truncate_bytes.unwrap_or(usize::MAX).min(limit)),
+                    ) =>
+            {
                 Ok(WakeOutcome::AlreadyCompleted)
             }
             Some(_) => Err(CoreError::ConflictingResult {
@@ -784,6 +1089,23 @@ impl Session {
         Ok(WakeOutcome::Applied)
     }
 
+    /// Holds the session: queued starts are dropped (their claims released),
+    /// checkpoints and result writes stay.
+    fn on_pause(&mut self) {
+        self.state.paused = true;
+        self.actions.retain(|a| !a.starts_work());
+        let me = self.config.driver.holder.clone();
+        let mine = |c: &Option<Claim>| c.as_ref().is_some_and(|c| c.holder == me);
+        if mine(&self.state.model_claim) {
+            self.state.model_claim = None;
+        }
+        if let Some(open) = self.state.open.as_mut() {
+            for call in open.calls.iter_mut().filter(|c| mine(&c.claim)) {
+                call.claim = None;
+            }
+        }
+    }
+
     fn on_tick(&mut self, now: Millis) {
         if self.state.phase.is_final() {
             return;
@@ -794,7 +1116,6 @@ impl Session {
                 return;
             }
         }
-        let paused = self.state.paused;
         let mut actions = Vec::new();
         if let Some(open) = self.state.open.as_mut() {
             for call in open.calls.iter_mut() {
@@ -810,10 +1131,12 @@ impl Session {
                     };
                     let result =
                         ToolResult::error(format!("timed out after {secs}s waiting for {what}"));
-                    let to = if call.state == CallState::Running {
-                        CallState::Failed
-                    } else {
-                        CallState::Completed
+                    let to = match (call.state, call.waiting_for) {
+                        (CallState::Running, _)
+                        | (_, Some(WaitingFor::Background | WaitingFor::Isolated)) => {
+                            CallState::Failed
+                        }
+                        _ => CallState::Completed,
                     };
                     if call.finish(to, result.clone(), "agents").is_ok() {
                         if let Some(token) = call.token.clone() {
@@ -824,31 +1147,13 @@ impl Session {
                             });
                         }
                     }
-                    continue;
-                }
-                if paused {
-                    continue;
-                }
-                if call.retry_at.is_some_and(|t| now >= t) {
-                    call.retry_at = None;
-                    call.attempts += 1;
-                    actions.extend(run_action(&self.state.id, &self.config, call));
                 }
             }
         }
         for a in actions {
             self.push(a);
         }
-        if !paused && self.state.phase == Phase::AwaitingModel {
-            if let Some(at) = self.state.model_retry_at {
-                if now >= at {
-                    self.state.model_retry_at = None;
-                    self.push(Action::CallModel {
-                        turn: self.state.agent_turns + 1,
-                    });
-                }
-            }
-        }
+        self.start_due(now, false);
         self.settle(now);
     }
 
@@ -856,13 +1161,9 @@ impl Session {
 
     /// Moves every ready call on according to its policy.
     fn dispatch(&mut self, now: Millis) {
-        if self.state.paused {
-            return;
-        }
         let Some(open) = self.state.open.as_mut() else {
             return;
         };
-        let mut actions = Vec::new();
         for call in open
             .calls
             .iter_mut()
@@ -900,43 +1201,110 @@ impl Session {
                     }
                 }
             }
-            actions.extend(run_action(&self.state.id, &self.config, call));
         }
-        for a in actions {
-            self.push(a);
-        }
+        self.start_due(now, true);
     }
 
-    /// Re-derives the actions the stored state implies (after a restart or
-    /// a resume). Every action is idempotent for the driver.
-    fn rederive(&mut self, now: Millis) {
-        self.actions.clear();
+    /// Emits the actions that start (or continue) the work the state
+    /// implies and this driver may do: continuations for deferred calls,
+    /// tool runs, background and isolated attempts. A start first takes a
+    /// claim, written by the `Checkpoint` queued before it. `ensure`
+    /// re-issues `EnsureContinuation` for every open deferred call (after a
+    /// restart or a new turn); a tick only starts work that came due.
+    fn start_due(&mut self, now: Millis, ensure: bool) {
         if self.state.paused || self.state.phase.is_final() {
             return;
         }
-        if self.state.phase == Phase::AwaitingModel {
-            if self.state.model_retry_at.is_none_or(|t| now >= t) {
+        let role = self.config.driver.clone();
+        let default_secs = self.config.default_tool_timeout_secs;
+        let claim_for = |secs: Option<u64>| Claim {
+            holder: role.holder.clone(),
+            until: now
+                .plus_secs(secs.unwrap_or(default_secs))
+                .plus_millis(CLAIM_GRACE_MILLIS as u64),
+        };
+        let mut ensures = Vec::new();
+        let mut starts = Vec::new();
+        let id = self.state.id.clone();
+        let config = self.config.clone();
+        if let Some(open) = self.state.open.as_mut() {
+            for call in open.calls.iter_mut() {
+                if call.state.is_final() || call.state == CallState::Ready {
+                    continue;
+                }
+                let may_run = match (call.state, call.waiting_for) {
+                    (CallState::Running, _) => role.model,
+                    (_, Some(WaitingFor::Background)) => role.background,
+                    (_, Some(WaitingFor::Isolated)) => role.isolated,
+                    _ => false,
+                };
+                if call.state == CallState::Deferred && ensure {
+                    ensures.extend(ensure_action(&id, &config, call));
+                }
+                let due = call.retry_at.is_none_or(|t| now >= t);
+                let blocked = call
+                    .claim
+                    .as_ref()
+                    .is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
+                // A tick restarts only work nobody (alive) holds; a restore
+                // or a new dispatch re-issues our own starts too (runners
+                // adopt what is already under way).
+                let ours = call.claim.as_ref().is_some_and(|c| c.holder == role.holder);
+                if !may_run || !due || blocked || (!ensure && ours) {
+                    continue;
+                }
+                if call.retry_at.is_some() {
+                    call.retry_at = None;
+                    call.attempts += 1;
+                }
+                call.claim = Some(claim_for(call.policy.decorators.timeout_seconds));
+                starts.extend(run_action(&id, &config, call));
+            }
+        }
+        if self.state.phase == Phase::AwaitingModel && role.model {
+            let due = self.state.model_retry_at.is_none_or(|t| now >= t);
+            let blocked = self
+                .state
+                .model_claim
+                .as_ref()
+                .is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
+            let ours = self
+                .state
+                .model_claim
+                .as_ref()
+                .is_some_and(|c| c.holder == role.holder);
+            let queued = self
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::CallModel { .. }));
+            if due && !blocked && !queued && (ensure || !ours) {
                 self.state.model_retry_at = None;
-                self.push(Action::CallModel {
+                self.state.model_claim = Some(claim_for(Some(self.config.model_timeout_secs)));
+                starts.push(Action::CallModel {
                     turn: self.state.agent_turns + 1,
                 });
             }
-            return;
         }
-        let mut actions = Vec::new();
-        if let Some(open) = self.state.open.as_ref() {
-            for call in &open.calls {
-                if call.retry_at.is_some()
-                    || call.state.is_final()
-                    || call.state == CallState::Ready
-                {
-                    continue;
-                }
-                actions.extend(run_action(&self.state.id, &self.config, call));
+        for a in ensures {
+            self.push(a);
+        }
+        if !starts.is_empty() {
+            self.push(Action::Checkpoint);
+            for a in starts {
+                self.push(a);
             }
         }
-        for a in actions {
-            self.push(a);
+    }
+
+    /// Re-derives the actions the stored state implies (after a restart, a
+    /// resume, or outside results were fed in). Result and cache writes
+    /// already queued stay; every other action is planned again. Every
+    /// action is idempotent for the driver.
+    pub fn replan(&mut self, now: Millis) {
+        self.actions
+            .retain(|a| matches!(a, Action::RecordResult { .. } | Action::StoreCache { .. }));
+        if self.state.paused || self.state.phase.is_final() {
+            return;
         }
         self.dispatch(now);
         self.settle(now);
@@ -973,11 +1341,11 @@ impl Session {
                     truncate_bytes: c.policy.decorators.truncate_bytes,
                 })
                 .collect();
-            let message = self.take_inbox();
             self.state.turns.push(Turn::User(UserTurn {
-                message,
+                message: None,
                 tool_results,
             }));
+            self.flush_inbox();
             if self.state.phase.is_final() {
                 return;
             }
@@ -985,10 +1353,10 @@ impl Session {
             self.await_model(now);
             return;
         }
-        let busy = open
-            .calls
-            .iter()
-            .any(|c| matches!(c.state, CallState::Ready | CallState::Running));
+        let busy = open.calls.iter().any(|c| {
+            matches!(c.state, CallState::Ready | CallState::Running)
+                || (self.runs_here(c) && c.state == CallState::Deferred)
+        });
         let before = self.state.phase;
         if before.is_final() {
             return;
@@ -1003,6 +1371,26 @@ impl Session {
         }
     }
 
+    /// True when this driver runs `call` itself (it does not wait on the
+    /// outside for it).
+    fn runs_here(&self, call: &TrackedToolCall) -> bool {
+        let role = &self.config.driver;
+        match (call.state, call.waiting_for) {
+            (CallState::Running, _) => role.model,
+            (CallState::Deferred, Some(WaitingFor::Background)) => role.background,
+            (CallState::Deferred, Some(WaitingFor::Isolated)) => role.isolated,
+            _ => false,
+        }
+    }
+
+    fn blocked(&self, claim: &Claim, now: Millis) -> bool {
+        claim.blocks(
+            &self.config.driver.holder,
+            &self.config.driver.dead_holders,
+            now,
+        )
+    }
+
     fn push_yield(&mut self) {
         let pending = self
             .state
@@ -1014,7 +1402,7 @@ impl Session {
         self.push(Action::Yield { pending });
     }
 
-    fn await_model(&mut self, _now: Millis) {
+    fn await_model(&mut self, now: Millis) {
         if let Some(max) = self.config.limits.max_turns {
             if self.state.agent_turns >= max {
                 self.fail(format!(
@@ -1024,25 +1412,25 @@ impl Session {
             }
         }
         self.state.phase = Phase::AwaitingModel;
-        if !self.state.paused {
-            self.push(Action::CallModel {
-                turn: self.state.agent_turns + 1,
-            });
-        }
+        self.start_due(now, false);
     }
 
     fn fail(&mut self, reason: String) {
         self.state.phase = Phase::Failed;
         self.state.failure = Some(reason.clone());
+        self.state.model_claim = None;
         self.push(Action::Checkpoint);
         self.push(Action::Failed { reason });
     }
 
-    fn take_inbox(&mut self) -> Option<String> {
-        if self.state.inbox.is_empty() {
-            None
-        } else {
-            Some(std::mem::take(&mut self.state.inbox).join("\n\n"))
+    /// Messages that arrived while the session was busy, each as its own
+    /// user turn, in order.
+    fn flush_inbox(&mut self) {
+        for message in std::mem::take(&mut self.state.inbox) {
+            self.state.turns.push(Turn::User(UserTurn {
+                message: Some(message),
+                tool_results: Vec::new(),
+            }));
         }
     }
 
@@ -1061,69 +1449,119 @@ impl Session {
     }
 }
 
-/// The actions that (re)start `call` in its current state.
-fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCall) -> Vec<Action> {
-    let cache = call
-        .policy
+/// What the session waits for when the queue is empty (see [`Session::outlook`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outlook {
+    Succeeded {
+        answer: String,
+    },
+    Failed {
+        reason: String,
+    },
+    Paused,
+    /// No user message yet.
+    Idle,
+    /// This driver has work due at `at` (a retry, a backoff, a claim of
+    /// another driver that expires): sleep, then `Tick`.
+    Busy { at: Millis },
+    /// Only the outside (or work under way elsewhere) moves the session;
+    /// `wake_at` is the earliest deadline to check.
+    Waiting {
+        pending: Vec<ContinuationToken>,
+        wake_at: Option<Millis>,
+    },
+}
+
+/// The continuation a deferred call needs.
+fn ensure_action(
+    session: &SessionId,
+    config: &SessionConfig,
+    call: &TrackedToolCall,
+) -> Option<Action> {
+    let (Some(token), Some(waiting_for)) = (call.token.clone(), call.waiting_for) else {
+        return None;
+    };
+    let reason = match (&call.policy.disposition, waiting_for) {
+        (_, WaitingFor::Approval) => Some("waiting for approval".to_string()),
+        (Disposition::Defer { reason }, _) => Some(reason.clone()),
+        _ => None,
+    };
+    let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
+    Some(Action::EnsureContinuation(ContinuationSpec {
+        token,
+        session: session.clone(),
+        call_id: call.id,
+        tool_call: call.call.clone(),
+        policy: call.policy.clone(),
+        waiting_for,
+        reason,
+        context,
+        cache_key: cache_key_for(config, call),
+        expires_at: call.deadline,
+    }))
+}
+
+fn cache_key_for(config: &SessionConfig, call: &TrackedToolCall) -> Option<CacheKey> {
+    let scope = CacheScope {
+        namespace: config.scope.namespace.clone(),
+        fingerprints: config.tool_fingerprints.clone(),
+    };
+    call.policy
         .decorators
         .cache
-        .then(|| cache_key(&call.call, config.context_has_secrets))
-        .flatten();
-    let context = ContextSnapshot::for_call(session, call, config.agent.as_deref());
+        .then(|| cache_key(&call.call, config.context_has_secrets, &scope))
+        .flatten()
+}
+
+/// The action that starts `call`'s current attempt.
+fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCall) -> Vec<Action> {
+    let cache = cache_key_for(config, call);
+    let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
     match call.state {
         CallState::Running => vec![Action::RunTool {
             call: call.id,
             tool_call: call.call.clone(),
             idempotency_key: context.idempotency_key.clone(),
-            timeout_seconds: call.policy.decorators.timeout_seconds,
+            timeout_seconds: Some(
+                call.policy
+                    .decorators
+                    .timeout_seconds
+                    .unwrap_or(config.default_tool_timeout_secs),
+            ),
             cache_key: cache,
             attempt: call.attempts,
         }],
         CallState::Deferred => {
-            let (Some(token), Some(waiting_for)) = (call.token.clone(), call.waiting_for) else {
+            let Some(token) = call.token.clone() else {
                 return Vec::new();
             };
-            let reason = match (&call.policy.disposition, waiting_for) {
-                (_, WaitingFor::Approval) => Some("waiting for approval".to_string()),
-                (Disposition::Defer { reason }, _) => Some(reason.clone()),
-                _ => None,
-            };
-            let envelope = CallEnvelope::new(
-                token.clone(),
-                call.call.clone(),
-                context.clone(),
-                call.policy.clone(),
-            );
-            let mut out = vec![Action::EnsureContinuation(ContinuationSpec {
-                token,
-                session: session.clone(),
-                call_id: call.id,
-                tool_call: call.call.clone(),
-                policy: call.policy.clone(),
-                waiting_for,
-                reason,
-                context,
-                cache_key: cache,
-                expires_at: call.deadline,
-            })];
-            match (waiting_for, &call.policy.disposition) {
-                (WaitingFor::Background, _) => out.push(Action::RunInBackground {
+            let envelope = CallEnvelope::new(token, call.call.clone(), context, call.policy.clone());
+            match (call.waiting_for, &call.policy.disposition) {
+                (Some(WaitingFor::Background), _) => vec![Action::RunInBackground {
                     envelope,
                     attempt: call.attempts,
-                }),
-                (WaitingFor::Isolated, Disposition::RunIsolated { spec }) => {
-                    out.push(Action::LaunchIsolated {
+                }],
+                (Some(WaitingFor::Isolated), Disposition::RunIsolated { spec }) => {
+                    vec![Action::LaunchIsolated {
                         envelope,
                         spec: spec.clone(),
                         attempt: call.attempts,
-                    })
+                    }]
                 }
-                _ => {}
+                _ => Vec::new(),
             }
-            out
         }
         _ => Vec::new(),
     }
+}
+
+/// The most bytes a call's result may keep: its `truncate` decorator
+/// within the agent's limit.
+fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
+    call.policy
+        .decorators
+        .truncate_bytes
+        .map_or(agent_limit, |t| t.min(agent_limit))
 }
 
 /// Applies the `truncate` decorator.

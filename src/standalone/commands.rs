@@ -2,22 +2,20 @@
 //! parses flags and calls these; each returns the process exit code.
 
 use super::definition::{self, Definition, RunnableAgent};
-use super::driver::{
-    self, absorb_outside_results, apply_events, drive, now, DriveOptions, Outcome,
-};
+use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
-use crate::core::envelope::{CallEnvelope, ResultEnvelope};
+use crate::core::envelope::ResultEnvelope;
 use crate::core::{
-    ContinuationToken, Disposition, Event, Phase, Session, SessionId, SessionState, ToolResponse,
-    ToolResult, Turn, WaitingFor,
+    ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn,
+    WaitingFor,
 };
+use crate::engine::Roles;
 use crate::runner::ProcessRunner;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{Decision, SessionRecord, Store, StoreError, WriteOnce};
+use crate::store::{Decision, SessionInput, SessionRecord, Store, StoreError, WriteOnce};
 use anyhow::{anyhow, bail, Context};
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// Exit code when a result was refused because another one was recorded first.
 pub const EXIT_ALREADY_COMPLETED: u8 = 3;
@@ -61,9 +59,15 @@ fn store_flag(url: &str) -> String {
     }
 }
 
+/// `agents run` and `resume` leave isolated calls to a worker
+/// (`agents session run-isolated`).
 fn options(store_url: &str) -> DriveOptions {
     DriveOptions {
-        run_isolated_here: false,
+        roles: Some(Roles {
+            model: true,
+            background: true,
+            isolated: false,
+        }),
         runner: ProcessRunner::default(),
         store_flag: store_flag(store_url),
     }
@@ -99,25 +103,34 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
     let store = open_store(store_url)?;
     let id = def.session_id();
     let t = now();
-    let new_messages: Vec<String>;
+    let input = SessionInput {
+        messages: def.spec.messages.clone(),
+        paused: def.spec.paused,
+        retry: 0,
+    };
     let agent;
     match store.load_session(&id).await? {
         None => {
             agent = def
                 .build(t)
                 .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-            // The first messages go in with the creation, in one write.
-            let mut session = Session::new(id.clone(), agent.config.clone());
-            if def.spec.paused {
-                session.handle(Event::Pause, t).ok();
+            if let Some((i, _)) = input
+                .messages
+                .iter()
+                .enumerate()
+                .find(|(_, m)| m.trim().is_empty())
+            {
+                bail!(
+                    "{}: spec.messages[{i}] is empty; send some text",
+                    path.display()
+                );
             }
-            for m in &def.spec.messages {
-                session
-                    .handle(Event::UserMessage { text: m.clone() }, t)
-                    .map_err(|e| anyhow!("{}: spec.messages: {e}", path.display()))?;
-            }
+            // The messages go in with the creation; the engine takes them in.
             let record = SessionRecord {
-                state: session.into_state(),
+                state: SessionState::new(id.clone()),
+                input,
+                namespace: String::new(),
+                uid: uuid::Uuid::new_v4().to_string(),
                 definition: serde_json::to_value(&def)?,
                 created_at: t,
                 updated_at: t,
@@ -126,7 +139,6 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
                 Ok(_) | Err(StoreError::SessionExists(_)) => {}
                 Err(e) => return Err(e.into()),
             }
-            new_messages = def.spec.messages.clone();
         }
         Some(existing) => {
             let stored: Definition = serde_json::from_value(existing.value.definition.clone())
@@ -136,23 +148,16 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
                     "session {id} already exists in {store_url} with a different agent; give this one another metadata.name, or continue the stored one with `agents session resume {id}`"
                 );
             }
-            if !def.spec.messages.starts_with(&stored.spec.messages) {
+            if !def.spec.messages.starts_with(&existing.value.input.messages) {
                 bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
             }
-            new_messages = def.spec.messages[stored.spec.messages.len()..].to_vec();
             agent = def
                 .build(existing.value.created_at)
                 .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-            if !new_messages.is_empty() {
+            if def.spec.messages.len() > existing.value.input.messages.len() {
                 // Messages and the definition that lists them change together.
                 let mut record = existing.value.clone();
-                let mut session = Session::restore(record.state.clone(), agent.config.clone(), t);
-                for m in &new_messages {
-                    session
-                        .handle(Event::UserMessage { text: m.clone() }, t)
-                        .map_err(|e| anyhow!("{}: spec.messages: {e}", path.display()))?;
-                }
-                record.state = session.into_state();
+                record.input.messages = def.spec.messages.clone();
                 record.definition = serde_json::to_value(&def)?;
                 record.updated_at = t;
                 store
@@ -162,28 +167,60 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             }
         }
     }
-    for m in &new_messages {
-        out.emit(&Progress::UserMessage {
-            session: id.0.clone(),
-            text: m.clone(),
-        });
-    }
-    let outcome = drive(&store, &agent, &id, &options(store_url), &mut |p| {
-        out.emit(&p)
-    })
-    .await?;
+    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
+}
+
+/// Changes the stored input with compare-and-swap (retrying on conflict).
+async fn update_input(
+    store: &SqliteStore,
+    id: &SessionId,
+    change: impl Fn(&mut SessionInput),
+) -> anyhow::Result<()> {
+    for _ in 0..16 {
+        let loaded = store
+            .load_session(id)
+            .await?
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let mut record = loaded.value;
+        let before = record.input.clone();
+        change(&mut record.input);
+        if record.input == before {
+            return Ok(());
+        }
+        record.updated_at = now();
+        match store.save_session(&record, &loaded.version).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("session {id} kept changing under this process; try again")
 }
 
 pub async fn resume(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
     let store = open_store(store_url)?;
     let id = SessionId(session.to_string());
     let (_, _, agent) = load_agent(&store, &id).await?;
-    apply_events(&store, &agent, &id, &|_| vec![Event::Resume]).await?;
-    let outcome = drive(&store, &agent, &id, &options(store_url), &mut |p| {
-        out.emit(&p)
-    })
-    .await?;
+    update_input(&store, &id, |i| i.paused = false).await?;
+    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
+    Ok(exit_for(&outcome))
+}
+
+/// `agents session retry`: a session that failed (its model kept failing,
+/// say) runs again from its last checkpoint.
+pub async fn retry(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open_store(store_url)?;
+    let id = SessionId(session.to_string());
+    let (record, _, agent) = load_agent(&store, &id).await?;
+    if record.state.phase != Phase::Failed {
+        bail!(
+            "session {id} has not failed (it is {:?}); only a failed session can be retried",
+            record.state.phase
+        );
+    }
+    update_input(&store, &id, |i| i.retry = record.state.retries_taken + 1).await?;
+    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
@@ -191,7 +228,8 @@ pub async fn pause(session: &str, store_url: &str) -> anyhow::Result<ExitCode> {
     let store = open_store(store_url)?;
     let id = SessionId(session.to_string());
     let (_, _, agent) = load_agent(&store, &id).await?;
-    apply_events(&store, &agent, &id, &|_| vec![Event::Pause]).await?;
+    update_input(&store, &id, |i| i.paused = true).await?;
+    sync_input(&store, &agent, &id).await?;
     println!(
         "session {id} paused; no model or tool call starts until `agents session resume {id}`"
     );
@@ -223,7 +261,8 @@ pub async fn show(session: &str, store_url: &str, out: Output) -> anyhow::Result
     let id = SessionId(session.to_string());
     let (record, _, agent) = load_agent(&store, &id).await?;
     // Show what the session will see: results recorded but not yet applied.
-    let state = absorb_outside_results(&store, &agent, record.state.clone(), &mut |_| {}).await?;
+    let _ = record;
+    let state = preview(&store, &agent, &id).await?;
     if out.json {
         let continuations = store.session_continuations(&id).await?;
         println!(
@@ -296,8 +335,8 @@ pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Res
     let id = SessionId(session.to_string());
     let (record, _, agent) = load_agent(&store, &id).await?;
     let records = store.session_continuations(&id).await?;
-    let session_now = Session::restore(record.state.clone(), agent.config.clone(), now());
-    let waiting = driver::pending_calls(&session_now, &options(store_url));
+    let state = preview(&store, &agent, &id).await?;
+    let waiting = driver::pending_calls(&state, &options(store_url), Roles::ALL);
     // A call completed in its continuation but not yet resumed is not pending.
     let waiting: Vec<_> = waiting
         .into_iter()
@@ -484,10 +523,10 @@ pub async fn decide(
     }
 }
 
-/// `agents session run-isolated SESSION`: an external worker. Runs every
-/// open isolated call of the session with the process runner and writes
-/// the results into the continuations (write-once: of two workers racing,
-/// one result stands).
+/// `agents session run-isolated SESSION`: an external worker. Steps the
+/// session with the process runner, starting isolated runs only: each is
+/// claimed before it starts, so workers racing on one session run each
+/// call once; the policy's retries apply through the core.
 pub async fn run_isolated(
     session: &str,
     timeout_seconds: u64,
@@ -496,90 +535,34 @@ pub async fn run_isolated(
 ) -> anyhow::Result<ExitCode> {
     let store = open_store(store_url)?;
     let id = SessionId(session.to_string());
-    if store.load_session(&id).await?.is_none() {
-        return Err(StoreError::SessionNotFound(id).into());
-    }
+    let (_, _, mut agent) = load_agent(&store, &id).await?;
     let records = store.session_continuations(&id).await?;
-    let work = driver::isolated_work(&records);
-    if work.is_empty() {
+    if driver::isolated_work(&records).is_empty() {
         println!("session {id} has no isolated call waiting to run");
         return Ok(ExitCode::SUCCESS);
     }
-    let runner = ProcessRunner::default();
-    let by = format!("worker/process@{}", hostname());
-    for rec in work {
-        let Disposition::RunIsolated { spec } = &rec.spec.policy.disposition else {
-            continue;
-        };
-        let envelope = CallEnvelope::new(
-            rec.spec.token.clone(),
-            rec.spec.tool_call.clone(),
-            rec.spec.context.clone(),
-            rec.spec.policy.clone(),
-        );
-        let timeout = rec
-            .spec
-            .policy
-            .decorators
-            .timeout_seconds
-            .unwrap_or(timeout_seconds);
-        // The policy's retries apply here too; the core never sees the
-        // failed attempts of an outside worker, only its final result.
-        let retries = rec.spec.policy.decorators.retries;
-        let mut attempt = 1;
-        let outcome = loop {
-            let outcome = runner
-                .run(&envelope, spec, Some(Duration::from_secs(timeout)))
-                .await;
-            if !outcome.result.is_error() || attempt > retries {
-                break outcome;
-            }
-            out.emit(&Progress::Note {
-                session: id.0.clone(),
-                message: format!(
-                    "{} attempt {attempt} failed ({}); retrying",
-                    rec.spec.token,
-                    outcome.result.to_model_text()
-                ),
-            });
-            tokio::time::sleep(Duration::from_millis(
-                crate::core::policy::retry_backoff_millis(attempt),
-            ))
-            .await;
-            attempt += 1;
-        };
-        out.emit(&Progress::ToolResult {
-            session: id.0.clone(),
-            call: rec.spec.call_id.to_string(),
-            tool: rec.spec.tool_call.name.clone(),
-            result: outcome.result.clone(),
-            by: "process".into(),
-        });
-        match store
-            .complete_continuation(&rec.spec.token, &outcome.result, &by, now())
-            .await?
-        {
-            WriteOnce::Recorded | WriteOnce::AlreadySame { .. } => {}
-            WriteOnce::AlreadyDifferent { by, .. } => out.emit(&Progress::Note {
-                session: id.0.clone(),
-                message: format!(
-                    "{} was completed by {by} first; this run's result was dropped",
-                    rec.spec.token
-                ),
-            }),
+    agent.config.default_tool_timeout_secs = timeout_seconds;
+    let opts = DriveOptions {
+        roles: Some(Roles {
+            model: false,
+            background: false,
+            isolated: true,
+        }),
+        runner: ProcessRunner::default(),
+        store_flag: store_flag(store_url),
+    };
+    let quiet_yield = |p: &Progress| {
+        if !matches!(p, Progress::Yielded { .. }) {
+            out.emit(p)
         }
-    }
+    };
+    drive(&store, &agent, &id, &opts, &quiet_yield).await?;
     if !out.json {
         print_next_step(&store, &id, store_url).await?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
 
 /// `YYYY-MM-DDTHH:MM:SSZ` without a date crate (civil-from-days).
 pub fn format_millis(ms: i64) -> String {

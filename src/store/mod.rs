@@ -12,6 +12,7 @@
 //!   the same value is harmless, a different one is refused
 //!   (the CEL transition rule in a cluster, a guarded `UPDATE` here).
 
+pub mod ports;
 pub mod sqlite;
 
 use crate::core::session::ContinuationSpec;
@@ -44,10 +45,34 @@ pub struct Versioned<T> {
 #[serde(rename_all = "camelCase")]
 pub struct SessionRecord {
     pub state: SessionState,
+    /// What the user asked for (the Session's spec): the engine feeds what
+    /// the state has not taken yet into the core.
+    #[serde(default)]
+    pub input: SessionInput,
+    /// The session's namespace (empty standalone) and unique id: keys and
+    /// adopted children are scoped by them.
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
     /// Opaque to the store: the driver's own description of the agent.
     pub definition: serde_json::Value,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// The user's side of a session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInput {
+    /// Every user message, oldest first (append-only).
+    #[serde(default)]
+    pub messages: Vec<String>,
+    #[serde(default)]
+    pub paused: bool,
+    /// Raised by the user to retry a failed session.
+    #[serde(default)]
+    pub retry: u32,
 }
 
 /// An approve/deny decision on a call that waits for approval.

@@ -635,6 +635,9 @@ mod tests {
     fn record(state: SessionState) -> SessionRecord {
         SessionRecord {
             state,
+            input: SessionInput::default(),
+            namespace: String::new(),
+            uid: "u1".into(),
             definition: serde_json::json!({"any": "thing"}),
             created_at: Millis(1),
             updated_at: Millis(2),

@@ -1,0 +1,687 @@
+//! One engine step, shared by every driver.
+//!
+//! A step: load the session and its continuations, feed what the outside
+//! wrote (new user messages, pause, retry, results, decisions) into the
+//! core as events, drain the core's actions performing each through the
+//! [`ports`], checkpoint with compare-and-swap, and return a
+//! [`StepOutcome`] with a wake-up time.
+//!
+//! # What a driver provides
+//!
+//! - the ports ([`Ports`]): session store, continuations, result cache,
+//!   model, in-step tools, background/isolated runner, clock, observer;
+//! - an [`AgentRuntime`]: the session config built from the agent, its system
+//!   prompt and tool schemas;
+//! - a [`Holder`] naming itself, and a [`Roles`] saying which work it runs.
+//!
+//! `agents run` loops over [`step`] (sleeping on `Busy`, stopping on
+//! `Waiting`); the operator's reconcile is one call, requeued at the
+//! outcome's time. Nothing else decides what a session does.
+//!
+//! # Exactly once
+//!
+//! The core claims work (holder and expiry) in the checkpoint that starts
+//! it; the step performs a start only after that checkpoint committed. A
+//! driver that loses the compare-and-swap reloads and sees the winner's
+//! claim, so it leaves that work alone. Results it already obtained are
+//! replayed onto the reloaded state, never lost.
+
+pub mod holder;
+pub mod ports;
+
+pub use holder::Holder;
+pub use ports::*;
+
+use crate::core::session::Outlook;
+use crate::core::{
+    Action, CallState, ContinuationToken, DriverRole, Event, Scope, Session, SessionConfig,
+    SessionId, SessionState, ToolResult, ToolSchema, WaitingFor,
+};
+use crate::standalone::progress::Progress;
+use crate::store::{ContinuationRecord, SessionRecord, StoreError, Version, WriteOnce};
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// Reloads after a lost compare-and-swap before the step gives up.
+const MAX_CONFLICTS: usize = 16;
+
+/// Which kinds of work this driver starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roles {
+    /// Calls the model and runs `runSync` tools.
+    pub model: bool,
+    pub background: bool,
+    pub isolated: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles {
+        model: true,
+        background: true,
+        isolated: true,
+    };
+}
+
+/// The agent as the engine needs it.
+#[derive(Clone, Debug)]
+pub struct AgentRuntime {
+    pub config: SessionConfig,
+    pub system_prompt: String,
+    pub tools: Vec<ToolSchema>,
+}
+
+/// Receives what a step does, for a terminal, logs, Events or metrics.
+pub trait Observer: Send + Sync {
+    fn observe(&self, progress: &Progress);
+}
+
+impl<F: Fn(&Progress) + Send + Sync> Observer for F {
+    fn observe(&self, progress: &Progress) {
+        self(progress)
+    }
+}
+
+pub struct Ports<'a> {
+    pub sessions: &'a dyn SessionPort,
+    pub continuations: &'a dyn ContinuationPort,
+    pub cache: &'a dyn CachePort,
+    pub model: &'a dyn ModelPort,
+    pub tools: &'a dyn ToolPort,
+    pub runner: &'a dyn RunnerPort,
+    pub clock: &'a dyn Clock,
+    pub observer: &'a dyn Observer,
+}
+
+/// How a step ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepOutcome {
+    Succeeded {
+        answer: String,
+    },
+    Failed {
+        reason: String,
+    },
+    Paused,
+    /// No user message yet.
+    Idle,
+    /// Work for this driver comes due at this time (a retry, a backoff,
+    /// another driver's claim that expires): step again then.
+    Busy {
+        at: crate::core::Millis,
+    },
+    /// Only the outside moves the session on (a result, a decision, a Job
+    /// ending); check again at `wake_at` for deadlines.
+    Waiting {
+        pending: Vec<ContinuationToken>,
+        wake_at: Option<crate::core::Millis>,
+    },
+}
+
+/// What a step returns: the outcome and the state it left.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    pub outcome: StepOutcome,
+    pub state: SessionState,
+    /// Checkpoints written by this step.
+    pub writes: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("session {0} kept changing under this driver ({MAX_CONFLICTS} reloads); try again")]
+    TooManyConflicts(SessionId),
+}
+
+/// One engine step on session `id`.
+pub async fn step(
+    ports: &Ports<'_>,
+    id: &SessionId,
+    agent: &AgentRuntime,
+    holder: &Holder,
+    roles: Roles,
+) -> Result<StepReport, EngineError> {
+    let mut replay: Vec<Event> = Vec::new();
+    for _ in 0..MAX_CONFLICTS {
+        match step_once(ports, id, agent, holder, roles, &mut replay).await {
+            Err(EngineError::Store(StoreError::Conflict { .. })) => {
+                debug!(session = %id, replay = replay.len(), "checkpoint conflict; reloading");
+                continue;
+            }
+            other => return other,
+        }
+    }
+    Err(EngineError::TooManyConflicts(id.clone()))
+}
+
+/// The events that bring the stored input (spec) into the core.
+pub fn input_events(record: &SessionRecord, state: &SessionState) -> Vec<Event> {
+    let mut events = Vec::new();
+    if record.input.paused && !state.paused {
+        events.push(Event::Pause);
+    }
+    if record.input.retry > state.retries_taken {
+        events.push(Event::Retry);
+    }
+    let taken = state.messages_taken as usize;
+    for text in record.input.messages.iter().skip(taken) {
+        events.push(Event::UserMessage { text: text.clone() });
+    }
+    if !record.input.paused && state.paused {
+        events.push(Event::Resume);
+    }
+    events
+}
+
+/// The session as the next step would see it (input and outside results
+/// applied), computed without writing: for `show` and `pending`.
+pub fn preview_state(
+    record: &SessionRecord,
+    continuations: &[ContinuationRecord],
+    agent: &AgentRuntime,
+    now: crate::core::Millis,
+) -> SessionState {
+    let mut config = agent.config.clone();
+    config.driver = DriverRole {
+        holder: String::new(),
+        dead_holders: Default::default(),
+        model: false,
+        background: false,
+        isolated: false,
+    };
+    let mut session = Session::restore_quiet(record.state.clone(), config);
+    for event in input_events(record, session.state()) {
+        session.handle(event, now).ok();
+    }
+    let quiet = |_: &Progress| {};
+    let deferred: Vec<(ContinuationToken, Option<WaitingFor>)> = session
+        .state()
+        .pending()
+        .into_iter()
+        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .collect();
+    for (token, waiting) in deferred {
+        if let Some(rec) = continuations.iter().find(|r| r.token() == &token) {
+            apply_record(&quiet, &mut session, rec, waiting, now);
+        }
+    }
+    session.into_state()
+}
+
+fn session_ref(record: &SessionRecord) -> SessionRef {
+    SessionRef {
+        id: record.state.id.clone(),
+        namespace: record.namespace.clone(),
+        uid: record.uid.clone(),
+    }
+}
+
+fn claim_holders(state: &SessionState) -> Vec<&str> {
+    let mut out: Vec<&str> = state
+        .model_claim
+        .iter()
+        .map(|c| c.holder.as_str())
+        .collect();
+    for c in state.open.iter().flat_map(|o| o.calls.iter()) {
+        out.extend(c.claim.iter().map(|c| c.holder.as_str()));
+    }
+    out
+}
+
+struct Checkpointer<'p> {
+    sessions: &'p dyn SessionPort,
+    record: SessionRecord,
+    version: Version,
+    writes: u32,
+}
+
+impl Checkpointer<'_> {
+    async fn save(&mut self, state: &SessionState, now: crate::core::Millis) -> Result<bool, StoreError> {
+        if &self.record.state == state {
+            return Ok(false);
+        }
+        let mut next = self.record.clone();
+        next.state = state.clone();
+        next.updated_at = now;
+        self.version = self.sessions.save(&next, &self.version).await?;
+        self.record = next;
+        self.writes += 1;
+        Ok(true)
+    }
+}
+
+async fn step_once(
+    p: &Ports<'_>,
+    id: &SessionId,
+    agent: &AgentRuntime,
+    holder: &Holder,
+    roles: Roles,
+    replay: &mut Vec<Event>,
+) -> Result<StepReport, EngineError> {
+    let loaded = p
+        .sessions
+        .load(id)
+        .await?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let record = loaded.value;
+    let owner = session_ref(&record);
+    let mut config = agent.config.clone();
+    config.scope = Scope {
+        namespace: record.namespace.clone(),
+        uid: record.uid.clone(),
+    };
+    config.driver = DriverRole {
+        holder: holder.name().to_string(),
+        dead_holders: holder.dead_among(claim_holders(&record.state)),
+        model: roles.model,
+        background: roles.background,
+        isolated: roles.isolated,
+    };
+    let sid = id.0.clone();
+    let now = p.clock.now();
+    let mut session = Session::restore_quiet(record.state.clone(), config);
+    for event in input_events(&record, session.state()) {
+        if let Event::UserMessage { text } = &event {
+            p.observer.observe(&Progress::UserMessage {
+                session: sid.clone(),
+                text: text.clone(),
+            });
+        }
+        refuse_logged(&sid, "input", session.handle(event, now));
+    }
+    absorb(p, &owner, &mut session, now).await?;
+    for event in replay.iter().cloned() {
+        refuse_logged(&sid, "replayed result", session.handle(event, now));
+    }
+    session.handle(Event::Tick, now).ok();
+    session.replan(now);
+    let mut cp = Checkpointer {
+        sessions: p.sessions,
+        record,
+        version: loaded.version,
+        writes: 0,
+    };
+    loop {
+        while let Some(action) = session.poll_action() {
+            if !session.is_current(&action) {
+                debug!(session = %sid, ?action, "skipping a start that is no longer current");
+                continue;
+            }
+            if let Action::Checkpoint = action {
+                let state = session.state().clone();
+                cp.save(&state, p.clock.now()).await?;
+                replay.clear();
+                continue;
+            }
+            perform(p, agent, &owner, &mut session, action, &sid, replay).await?;
+        }
+        let now = p.clock.now();
+        let state = session.state().clone();
+        cp.save(&state, now).await?;
+        replay.clear();
+        let outcome = match session.outlook(now) {
+            Outlook::Succeeded { answer } => {
+                p.observer.observe(&Progress::Finished {
+                    session: sid.clone(),
+                    answer: answer.clone(),
+                });
+                StepOutcome::Succeeded { answer }
+            }
+            Outlook::Failed { reason } => {
+                p.observer.observe(&Progress::Failed {
+                    session: sid.clone(),
+                    reason: reason.clone(),
+                });
+                StepOutcome::Failed { reason }
+            }
+            Outlook::Paused => {
+                p.observer.observe(&Progress::Paused {
+                    session: sid.clone(),
+                });
+                StepOutcome::Paused
+            }
+            Outlook::Idle => StepOutcome::Idle,
+            Outlook::Busy { at } => StepOutcome::Busy { at },
+            Outlook::Waiting { pending, wake_at } => {
+                // A result may have landed while we worked: take it and go on.
+                if absorb(p, &owner, &mut session, now).await? {
+                    session.replan(now);
+                    continue;
+                }
+                StepOutcome::Waiting { pending, wake_at }
+            }
+        };
+        return Ok(StepReport {
+            outcome,
+            state: session.into_state(),
+            writes: cp.writes,
+        });
+    }
+}
+
+fn refuse_logged<T>(session: &str, what: &str, r: Result<T, crate::core::CoreError>) {
+    if let Err(e) = r {
+        warn!(session, what, reason = %e, "event refused");
+    }
+}
+
+/// Feeds the core every decision and result that the continuation records
+/// hold but the state does not: written by a user, a worker, a Job, or by
+/// this driver just before a crash. True when anything changed.
+async fn absorb(
+    p: &Ports<'_>,
+    owner: &SessionRef,
+    session: &mut Session,
+    now: crate::core::Millis,
+) -> Result<bool, StoreError> {
+    let open: Vec<(ContinuationToken, Option<WaitingFor>)> = session
+        .state()
+        .open
+        .iter()
+        .flat_map(|o| o.calls.iter())
+        .filter(|c| c.state == CallState::Deferred)
+        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .collect();
+    if open.is_empty() {
+        return Ok(false);
+    }
+    let records = p.continuations.list_for(owner).await?;
+    let before = session.state().clone();
+    for (token, waiting) in open {
+        let Some(rec) = records.iter().find(|r| r.token() == &token) else {
+            continue;
+        };
+        apply_record(p.observer, session, rec, waiting, now);
+    }
+    Ok(session.state() != &before)
+}
+
+/// Applies one continuation record's decision and result.
+fn apply_record(
+    observer: &dyn Observer,
+    session: &mut Session,
+    rec: &ContinuationRecord,
+    waiting: Option<WaitingFor>,
+    now: crate::core::Millis,
+) {
+    let sid = session.state().id.0.clone();
+    let token = rec.token().clone();
+    if waiting == Some(WaitingFor::Approval) {
+        if let Some(dec) = &rec.decision {
+            refuse_logged(
+                &sid,
+                "decision",
+                session.handle(
+                    Event::Decide {
+                        token: token.clone(),
+                        approved: dec.approved,
+                        by: dec.by.clone(),
+                        reason: dec.reason.clone(),
+                    },
+                    now,
+                ),
+            );
+        }
+    }
+    let still_deferred = session
+        .state()
+        .find_call(&token)
+        .is_some_and(|c| c.state == CallState::Deferred && c.waiting_for != Some(WaitingFor::Approval));
+    if let (Some(result), true) = (&rec.result, still_deferred) {
+        let by = rec.completed_by.clone().unwrap_or_default();
+        let woke = session.handle(
+            Event::Wake {
+                token: token.clone(),
+                result: result.clone(),
+                by: by.clone(),
+            },
+            now,
+        );
+        if woke.is_ok() {
+            observer.observe(&Progress::ToolResult {
+                session: sid,
+                call: rec.spec.call_id.to_string(),
+                tool: rec.spec.tool_call.name.clone(),
+                result: result.clone(),
+                by,
+            });
+        } else {
+            refuse_logged(&sid, "result", woke);
+        }
+    }
+}
+
+async fn perform(
+    p: &Ports<'_>,
+    agent: &AgentRuntime,
+    owner: &SessionRef,
+    session: &mut Session,
+    action: Action,
+    sid: &str,
+    replay: &mut Vec<Event>,
+) -> Result<(), StoreError> {
+    match action {
+        Action::Checkpoint => unreachable!("handled by the step"),
+        Action::CallModel { turn } => {
+            let reply = p
+                .model
+                .reply(ModelInput {
+                    system_prompt: &agent.system_prompt,
+                    turns: &session.state().turns,
+                    tools: &agent.tools,
+                })
+                .await;
+            let event = match reply {
+                Ok(agent_turn) => Event::ModelReplied { turn: agent_turn },
+                Err(e) => {
+                    p.observer.observe(&Progress::ModelError {
+                        session: sid.to_string(),
+                        error: e.message.clone(),
+                        retryable: e.retryable,
+                    });
+                    Event::ModelFailed {
+                        error: e.message,
+                        retryable: e.retryable,
+                        retry_after_ms: e.retry_after.map(|d| d.as_millis() as u64),
+                    }
+                }
+            };
+            replay.push(event.clone());
+            let shown = match &event {
+                Event::ModelReplied { turn } => Some(turn.clone()),
+                _ => None,
+            };
+            let now = p.clock.now();
+            match session.handle(event, now) {
+                Ok(_) => {
+                    if let Some(t) = shown {
+                        p.observer
+                            .observe(&Progress::agent_turn(sid, turn, &t, session.state()));
+                    }
+                }
+                Err(e) => refuse_logged(sid, "model reply", Err::<(), _>(e)),
+            }
+        }
+        Action::RunTool {
+            call,
+            tool_call,
+            idempotency_key,
+            timeout_seconds,
+            cache_key,
+            ..
+        } => {
+            let cached = match &cache_key {
+                Some(k) => p.cache.lookup(k).await?,
+                None => None,
+            };
+            let from_cache = cached.is_some();
+            let result = match cached {
+                Some(r) => r,
+                None => {
+                    let timeout = Duration::from_secs(
+                        timeout_seconds.unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
+                    );
+                    p.tools.run(&tool_call, &idempotency_key, timeout).await
+                }
+            };
+            p.observer.observe(&Progress::ToolResult {
+                session: sid.to_string(),
+                call: call.to_string(),
+                tool: tool_call.name.clone(),
+                result: result.clone(),
+                by: if from_cache { "cache" } else { "runSync" }.into(),
+            });
+            let event = Event::ToolFinished {
+                call,
+                result,
+                from_cache,
+            };
+            replay.push(event.clone());
+            refuse_logged(sid, "tool result", session.handle(event, p.clock.now()));
+        }
+        Action::EnsureContinuation(spec) => {
+            let now = p.clock.now();
+            let record = p.continuations.ensure(owner, &spec, now).await?;
+            if record.decision.is_some() || record.result.is_some() {
+                // Written from outside before we got here (or before a crash).
+                apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
+            } else if let Some(hit) = cache_hit(p, &spec).await? {
+                // Only calls that run by themselves may be answered from the
+                // cache; an approval or a person's answer is never skipped.
+                p.continuations
+                    .complete(&spec.token, &hit, "cache", now)
+                    .await?;
+                let by = "cache".to_string();
+                p.observer.observe(&Progress::ToolResult {
+                    session: sid.to_string(),
+                    call: spec.call_id.to_string(),
+                    tool: spec.tool_call.name.clone(),
+                    result: hit.clone(),
+                    by: by.clone(),
+                });
+                refuse_logged(
+                    sid,
+                    "cached result",
+                    session.handle(
+                        Event::Wake {
+                            token: spec.token.clone(),
+                            result: hit,
+                            by,
+                        },
+                        now,
+                    ),
+                );
+            } else if spec.waiting_for != WaitingFor::Background {
+                p.observer.observe(&Progress::Deferred {
+                    session: sid.to_string(),
+                    call: spec.call_id.to_string(),
+                    tool: spec.tool_call.name.clone(),
+                    token: spec.token.0.clone(),
+                    waiting_for: spec.waiting_for,
+                    reason: spec.reason.clone(),
+                });
+            }
+        }
+        Action::RunInBackground { envelope, attempt } => {
+            let timeout = attempt_timeout(&envelope);
+            let status = p
+                .runner
+                .start(RunKind::Background, &envelope, attempt, timeout)
+                .await;
+            finish_attempt(p, session, &envelope, attempt, status, "runAsync", sid, replay);
+        }
+        Action::LaunchIsolated {
+            envelope,
+            spec,
+            attempt,
+        } => {
+            let timeout = attempt_timeout(&envelope);
+            let status = p
+                .runner
+                .start(RunKind::Isolated(&spec), &envelope, attempt, timeout)
+                .await;
+            finish_attempt(p, session, &envelope, attempt, status, "isolated", sid, replay);
+        }
+        Action::RecordResult { token, result, by } => {
+            let outcome = p
+                .continuations
+                .complete(&token, &result, &by, p.clock.now())
+                .await?;
+            if let WriteOnce::AlreadyDifferent { by, .. } = outcome {
+                p.observer.observe(&Progress::Note {
+                    session: sid.to_string(),
+                    message: format!(
+                        "{token} was completed by {by} first; that result stands in the continuation"
+                    ),
+                });
+            }
+        }
+        Action::StoreCache { key, result } => {
+            p.cache.remember(&key, &result, p.clock.now()).await?
+        }
+        Action::Yield { pending } => {
+            info!(session = sid, pending = pending.len(), "yielded");
+        }
+        // Reported from the outlook once the queue is drained.
+        Action::Finished { .. } | Action::Failed { .. } => {}
+    }
+    Ok(())
+}
+
+fn attempt_timeout(envelope: &crate::core::envelope::CallEnvelope) -> Duration {
+    Duration::from_secs(
+        envelope
+            .policy
+            .decorators
+            .timeout_seconds
+            .unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_attempt(
+    p: &Ports<'_>,
+    session: &mut Session,
+    envelope: &crate::core::envelope::CallEnvelope,
+    attempt: u32,
+    status: RunStatus,
+    by: &str,
+    sid: &str,
+    replay: &mut Vec<Event>,
+) {
+    let RunStatus::Finished(result) = status else {
+        return;
+    };
+    p.observer.observe(&Progress::ToolResult {
+        session: sid.to_string(),
+        call: envelope.context.call_id.to_string(),
+        tool: envelope.tool_call.name.clone(),
+        result: result.clone(),
+        by: by.to_string(),
+    });
+    let event = Event::AttemptFinished {
+        token: envelope.token.clone(),
+        attempt,
+        result,
+    };
+    replay.push(event.clone());
+    refuse_logged(sid, "attempt result", session.handle(event, p.clock.now()));
+}
+
+async fn cache_hit(
+    p: &Ports<'_>,
+    spec: &crate::core::session::ContinuationSpec,
+) -> Result<Option<ToolResult>, StoreError> {
+    if !matches!(
+        spec.waiting_for,
+        WaitingFor::Background | WaitingFor::Isolated
+    ) {
+        return Ok(None);
+    }
+    match &spec.cache_key {
+        Some(k) => p.cache.lookup(k).await,
+        None => Ok(None),
+    }
+}
+

@@ -1,0 +1,192 @@
+//! The ports the engine step performs its actions through. Each driver
+//! provides them: `agents run` over SQLite, the process runner and the
+//! terminal; the operator over the API server, Jobs and Kubernetes Events.
+//!
+//! Futures are boxed and `Send`, so a step can run inside a kube-runtime
+//! reconcile (which needs `Send + 'static` futures) and ports can be trait
+//! objects (one model client per Agent, chosen at run time).
+
+use crate::core::envelope::CallEnvelope;
+use crate::core::session::ContinuationSpec;
+use crate::core::{
+    AgentTurn, CacheKey, ContinuationToken, IsolationSpec, Millis, SessionId, ToolCall, ToolResult,
+    ToolSchema, Turn,
+};
+use crate::store::{
+    ContinuationRecord, Decision, SessionRecord, StoreResult, Version, Versioned, WriteOnce,
+};
+use futures::future::BoxFuture;
+use std::time::Duration;
+
+/// The session's identity outside the process: children are adopted only
+/// when they belong to this very session (same unique id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRef {
+    pub id: SessionId,
+    pub namespace: String,
+    pub uid: String,
+}
+
+/// Where session state lives: load, and save with compare-and-swap.
+pub trait SessionPort: Send + Sync {
+    fn load<'a>(&'a self, id: &'a SessionId)
+        -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>>;
+    /// Saves if the stored version is still `expected`; otherwise
+    /// `StoreError::Conflict`.
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        expected: &'a Version,
+    ) -> BoxFuture<'a, StoreResult<Version>>;
+}
+
+/// Continuations: created or adopted by deterministic name; results and
+/// decisions written once.
+pub trait ContinuationPort: Send + Sync {
+    fn ensure<'a>(
+        &'a self,
+        owner: &'a SessionRef,
+        spec: &'a ContinuationSpec,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<ContinuationRecord>>;
+    fn list_for<'a>(
+        &'a self,
+        owner: &'a SessionRef,
+    ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>>;
+    fn complete<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        result: &'a ToolResult,
+        by: &'a str,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>>;
+    fn decide<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        decision: &'a Decision,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>>;
+}
+
+/// Results of calls with the `cache` decorator (keys carry their scope).
+pub trait CachePort: Send + Sync {
+    fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>>;
+    fn remember<'a>(
+        &'a self,
+        key: &'a CacheKey,
+        result: &'a ToolResult,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+}
+
+/// What the model sees.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelInput<'a> {
+    pub system_prompt: &'a str,
+    pub turns: &'a [Turn],
+    pub tools: &'a [ToolSchema],
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFailure {
+    pub message: String,
+    pub retryable: bool,
+    pub retry_after: Option<Duration>,
+}
+
+pub trait ModelPort: Send + Sync {
+    fn reply<'a>(&'a self, input: ModelInput<'a>) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
+}
+
+/// Tools that run inside the step (`runSync`): builtins and HTTP.
+pub trait ToolPort: Send + Sync {
+    fn run<'a>(
+        &'a self,
+        call: &'a ToolCall,
+        idempotency_key: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, ToolResult>;
+}
+
+/// How a background or isolated attempt runs.
+#[derive(Clone, Copy, Debug)]
+pub enum RunKind<'a> {
+    /// `runAsync`: in the driver's process, outside the step.
+    Background,
+    /// `runIsolated`: a Job in a cluster, a process standalone.
+    Isolated(&'a IsolationSpec),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunStatus {
+    /// The attempt ended (inline, or it had ended before this call).
+    Finished(ToolResult),
+    /// Under way; its end makes the driver step again (a watch, a wake-up).
+    InFlight,
+}
+
+/// Runs background and isolated attempts. `start` is idempotent per token
+/// and attempt: a second call adopts the run under way (or reports how it
+/// ended), so a restarted step never starts an attempt twice.
+pub trait RunnerPort: Send + Sync {
+    fn start<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+        timeout: Duration,
+    ) -> BoxFuture<'a, RunStatus>;
+}
+
+/// Time. Tests use a manual clock and sleep no real time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Millis;
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'_, ()>;
+}
+
+/// The wall clock and tokio's timer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        Millis(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
+        )
+    }
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'_, ()> {
+        let wait = (at.0 - self.now().0).max(0) as u64;
+        Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+}
+
+/// A clock that moves only when told to, or when someone sleeps.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: std::sync::atomic::AtomicI64,
+}
+
+impl ManualClock {
+    pub fn at(t: Millis) -> Self {
+        ManualClock {
+            now: std::sync::atomic::AtomicI64::new(t.0),
+        }
+    }
+    pub fn advance(&self, millis: i64) {
+        self.now
+            .fetch_add(millis, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Millis {
+        Millis(self.now.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'_, ()> {
+        self.now
+            .fetch_max(at.0, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async {})
+    }
+}
