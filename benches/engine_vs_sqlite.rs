@@ -21,7 +21,6 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-
 fn yaml(name: &str, turns: usize, calls: usize, disposition: &str) -> String {
     let mut replies = String::new();
     for t in 0..turns {
@@ -99,7 +98,12 @@ async fn engine(
         state_bytes = serde_json::to_string(&state).unwrap().len();
     }
     let secs = started.elapsed().as_secs_f64();
-    (sessions * turns * calls, secs, writes_in(&path), state_bytes)
+    (
+        sessions * turns * calls,
+        secs,
+        writes_in(&path),
+        state_bytes,
+    )
 }
 
 /// Write transactions the engine made: session saves (the version counts

@@ -93,7 +93,11 @@ fn started(config: SessionConfig) -> Session {
         T0,
     )
     .unwrap();
-    assert_eq!(drain(&mut s), vec![Action::CallModel { turn: 1 }]);
+    // The model call is claimed in a checkpoint before it starts.
+    assert_eq!(
+        drain(&mut s),
+        vec![Action::Checkpoint, Action::CallModel { turn: 1 }]
+    );
     s
 }
 
@@ -411,7 +415,8 @@ fn approval_then_run_and_denial_is_fed_back() {
         Ok(Handled::Wake(WakeOutcome::Applied))
     );
     let actions = drain(&mut s);
-    assert!(matches!(actions[0], Action::RunTool { .. }), "{actions:?}");
+    assert_eq!(actions[0], Action::Checkpoint, "the run is claimed first");
+    assert!(matches!(actions[1], Action::RunTool { .. }), "{actions:?}");
     // Approving twice is harmless; reversing a decision is refused.
     assert_eq!(
         approve(&mut s, "t1-c0", true),
@@ -732,7 +737,10 @@ fn pause_holds_every_action_and_resume_rederives_them() {
         .unwrap();
     assert!(drain(&mut s).is_empty(), "paused: the model is not called");
     s.handle(Event::Resume, T0).unwrap();
-    assert_eq!(drain(&mut s), vec![Action::CallModel { turn: 1 }]);
+    assert_eq!(
+        drain(&mut s),
+        vec![Action::Checkpoint, Action::CallModel { turn: 1 }]
+    );
     s.handle(Event::Pause, T0).unwrap();
     s.handle(
         Event::ModelReplied {
@@ -816,7 +824,10 @@ fn model_failures_back_off_then_fail_the_session() {
         .unwrap();
         now = s.poll_timeout().unwrap();
         s.handle(Event::Tick, now).unwrap();
-        assert_eq!(drain(&mut s), vec![Action::CallModel { turn: 1 }]);
+        assert_eq!(
+            drain(&mut s),
+            vec![Action::Checkpoint, Action::CallModel { turn: 1 }]
+        );
     }
     s.handle(
         Event::ModelFailed {

@@ -4,10 +4,9 @@
 use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, PolicySpec};
 use super::continuation::{ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi};
 use super::session::{
-    ClaimStatus,
-    AppliedPolicyStatus, ApprovalStatus, CallStateName, LimitsSpec, OpenTurnStatus, Role,
-    SessionPhase, SessionStatus, ToolCallStatus, ToolResultStatus, TrackedCallStatus, TurnStatus,
-    UsageStatus, WaitingForName,
+    AppliedPolicyStatus, ApprovalStatus, CallStateName, ClaimStatus, LimitsSpec, OpenTurnStatus,
+    Role, SessionPhase, SessionStatus, ToolCallStatus, ToolResultStatus, TrackedCallStatus,
+    TurnStatus, UsageStatus, WaitingForName,
 };
 use crate::core::call::{Approval, TrackedToolCall};
 use crate::core::conversation::ToolResultEntry;

@@ -35,7 +35,11 @@ impl fmt::Display for CacheKey {
 
 /// The key for `call`, or `None` when the call must not be cached: its
 /// context holds secrets, or its arguments are not a JSON object.
-pub fn cache_key(call: &ToolCall, context_has_secrets: bool, scope: &CacheScope) -> Option<CacheKey> {
+pub fn cache_key(
+    call: &ToolCall,
+    context_has_secrets: bool,
+    scope: &CacheScope,
+) -> Option<CacheKey> {
     if context_has_secrets {
         return None;
     }

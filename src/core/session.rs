@@ -1161,14 +1161,13 @@ impl Session {
 
     /// Moves every ready call on according to its policy.
     fn dispatch(&mut self, now: Millis) {
-        let Some(open) = self.state.open.as_mut() else {
-            return;
-        };
-        for call in open
-            .calls
+        let ready = self
+            .state
+            .open
             .iter_mut()
-            .filter(|c| c.state == CallState::Ready)
-        {
+            .flat_map(|o| o.calls.iter_mut())
+            .filter(|c| c.state == CallState::Ready);
+        for call in ready {
             let token = ContinuationToken::for_call(&self.state.id, call.id);
             let timeout = call.policy.decorators.timeout_seconds;
             let deadline = timeout.map(|s| now.plus_secs(s).ceil_to_second());
@@ -1221,10 +1220,13 @@ impl Session {
             holder: role.holder.clone(),
             until: now
                 .plus_secs(secs.unwrap_or(default_secs))
-                .plus_millis(CLAIM_GRACE_MILLIS as u64),
+                .plus_millis(CLAIM_GRACE_MILLIS as u64)
+                // Stored as a Kubernetes time: whole seconds.
+                .ceil_to_second(),
         };
-        let mut ensures = Vec::new();
-        let mut starts = Vec::new();
+        // Per call, in call order: its continuation, then its start.
+        let mut planned = Vec::new();
+        let mut starts = false;
         let id = self.state.id.clone();
         let config = self.config.clone();
         if let Some(open) = self.state.open.as_mut() {
@@ -1239,7 +1241,7 @@ impl Session {
                     _ => false,
                 };
                 if call.state == CallState::Deferred && ensure {
-                    ensures.extend(ensure_action(&id, &config, call));
+                    planned.extend(ensure_action(&id, &config, call));
                 }
                 let due = call.retry_at.is_none_or(|t| now >= t);
                 let blocked = call
@@ -1258,7 +1260,9 @@ impl Session {
                     call.attempts += 1;
                 }
                 call.claim = Some(claim_for(call.policy.decorators.timeout_seconds));
-                starts.extend(run_action(&id, &config, call));
+                let run = run_action(&id, &config, call);
+                starts |= !run.is_empty();
+                planned.extend(run);
             }
         }
         if self.state.phase == Phase::AwaitingModel && role.model {
@@ -1280,19 +1284,18 @@ impl Session {
             if due && !blocked && !queued && (ensure || !ours) {
                 self.state.model_retry_at = None;
                 self.state.model_claim = Some(claim_for(Some(self.config.model_timeout_secs)));
-                starts.push(Action::CallModel {
+                starts = true;
+                planned.push(Action::CallModel {
                     turn: self.state.agent_turns + 1,
                 });
             }
         }
-        for a in ensures {
-            self.push(a);
-        }
-        if !starts.is_empty() {
+        // The claims are committed before any start is performed.
+        if starts && self.actions.back() != Some(&Action::Checkpoint) {
             self.push(Action::Checkpoint);
-            for a in starts {
-                self.push(a);
-            }
+        }
+        for a in planned {
+            self.push(a);
         }
     }
 
@@ -1353,10 +1356,12 @@ impl Session {
             self.await_model(now);
             return;
         }
-        let busy = open.calls.iter().any(|c| {
-            matches!(c.state, CallState::Ready | CallState::Running)
-                || (self.runs_here(c) && c.state == CallState::Deferred)
-        });
+        // Phase follows the call states alone (a status reader derives it
+        // the same way); what this driver still runs is the outlook's.
+        let busy = open
+            .calls
+            .iter()
+            .any(|c| matches!(c.state, CallState::Ready | CallState::Running));
         let before = self.state.phase;
         if before.is_final() {
             return;
@@ -1463,7 +1468,9 @@ pub enum Outlook {
     Idle,
     /// This driver has work due at `at` (a retry, a backoff, a claim of
     /// another driver that expires): sleep, then `Tick`.
-    Busy { at: Millis },
+    Busy {
+        at: Millis,
+    },
     /// Only the outside (or work under way elsewhere) moves the session;
     /// `wake_at` is the earliest deadline to check.
     Waiting {
@@ -1535,7 +1542,8 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
             let Some(token) = call.token.clone() else {
                 return Vec::new();
             };
-            let envelope = CallEnvelope::new(token, call.call.clone(), context, call.policy.clone());
+            let envelope =
+                CallEnvelope::new(token, call.call.clone(), context, call.policy.clone());
             match (call.waiting_for, &call.policy.disposition) {
                 (Some(WaitingFor::Background), _) => vec![Action::RunInBackground {
                     envelope,

@@ -237,7 +237,11 @@ struct Checkpointer<'p> {
 }
 
 impl Checkpointer<'_> {
-    async fn save(&mut self, state: &SessionState, now: crate::core::Millis) -> Result<bool, StoreError> {
+    async fn save(
+        &mut self,
+        state: &SessionState,
+        now: crate::core::Millis,
+    ) -> Result<bool, StoreError> {
         if &self.record.state == state {
             return Ok(false);
         }
@@ -424,10 +428,9 @@ fn apply_record(
             );
         }
     }
-    let still_deferred = session
-        .state()
-        .find_call(&token)
-        .is_some_and(|c| c.state == CallState::Deferred && c.waiting_for != Some(WaitingFor::Approval));
+    let still_deferred = session.state().find_call(&token).is_some_and(|c| {
+        c.state == CallState::Deferred && c.waiting_for != Some(WaitingFor::Approval)
+    });
     if let (Some(result), true) = (&rec.result, still_deferred) {
         let by = rec.completed_by.clone().unwrap_or_default();
         let woke = session.handle(
@@ -589,7 +592,9 @@ async fn perform(
                 .runner
                 .start(RunKind::Background, &envelope, attempt, timeout)
                 .await;
-            finish_attempt(p, session, &envelope, attempt, status, "runAsync", sid, replay);
+            finish_attempt(
+                p, session, &envelope, attempt, status, "runAsync", sid, replay,
+            );
         }
         Action::LaunchIsolated {
             envelope,
@@ -601,7 +606,9 @@ async fn perform(
                 .runner
                 .start(RunKind::Isolated(&spec), &envelope, attempt, timeout)
                 .await;
-            finish_attempt(p, session, &envelope, attempt, status, "isolated", sid, replay);
+            finish_attempt(
+                p, session, &envelope, attempt, status, "isolated", sid, replay,
+            );
         }
         Action::RecordResult { token, result, by } => {
             let outcome = p
@@ -684,4 +691,3 @@ async fn cache_hit(
         None => Ok(None),
     }
 }
-

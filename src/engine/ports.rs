@@ -29,8 +29,10 @@ pub struct SessionRef {
 
 /// Where session state lives: load, and save with compare-and-swap.
 pub trait SessionPort: Send + Sync {
-    fn load<'a>(&'a self, id: &'a SessionId)
-        -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>>;
+    fn load<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>>;
     /// Saves if the stored version is still `expected`; otherwise
     /// `StoreError::Conflict`.
     fn save<'a>(
@@ -94,7 +96,8 @@ pub struct ModelFailure {
 }
 
 pub trait ModelPort: Send + Sync {
-    fn reply<'a>(&'a self, input: ModelInput<'a>) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
+    fn reply<'a>(&'a self, input: ModelInput<'a>)
+        -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
 }
 
 /// Tools that run inside the step (`runSync`): builtins and HTTP.

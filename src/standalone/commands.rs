@@ -6,8 +6,7 @@ use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome
 use super::progress::{waiting_for_text, Progress};
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
-    ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn,
-    WaitingFor,
+    ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
 };
 use crate::engine::Roles;
 use crate::runner::ProcessRunner;
@@ -148,7 +147,11 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
                     "session {id} already exists in {store_url} with a different agent; give this one another metadata.name, or continue the stored one with `agents session resume {id}`"
                 );
             }
-            if !def.spec.messages.starts_with(&existing.value.input.messages) {
+            if !def
+                .spec
+                .messages
+                .starts_with(&existing.value.input.messages)
+            {
                 bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
             }
             agent = def
@@ -336,7 +339,8 @@ pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Res
     let (record, _, agent) = load_agent(&store, &id).await?;
     let records = store.session_continuations(&id).await?;
     let state = preview(&store, &agent, &id).await?;
-    let waiting = driver::pending_calls(&state, &options(store_url), Roles::ALL);
+    let opts = options(store_url);
+    let waiting = driver::pending_calls(&state, &opts, opts.roles.unwrap_or(Roles::ALL));
     // A call completed in its continuation but not yet resumed is not pending.
     let waiting: Vec<_> = waiting
         .into_iter()
@@ -562,7 +566,6 @@ pub async fn run_isolated(
     }
     Ok(ExitCode::SUCCESS)
 }
-
 
 /// `YYYY-MM-DDTHH:MM:SSZ` without a date crate (civil-from-days).
 pub fn format_millis(ms: i64) -> String {

@@ -7,8 +7,7 @@ use super::definition::RunnableAgent;
 use super::progress::{PendingCall, Progress};
 use crate::core::envelope::CallEnvelope;
 use crate::core::{
-    AgentTurn, Disposition, Millis, SessionId, SessionState, ToolCall,
-    ToolResult, WaitingFor,
+    AgentTurn, Disposition, Millis, SessionId, SessionState, ToolCall, ToolResult, WaitingFor,
 };
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, ModelFailure, ModelInput, ModelPort, Ports,
@@ -29,10 +28,16 @@ pub fn now() -> Millis {
 /// How a drive ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    Succeeded { answer: String },
-    Failed { reason: String },
+    Succeeded {
+        answer: String,
+    },
+    Failed {
+        reason: String,
+    },
     /// Every open call waits on the outside.
-    Yielded { pending: Vec<PendingCall> },
+    Yielded {
+        pending: Vec<PendingCall>,
+    },
     Paused,
     /// Nothing to do (no user message yet).
     Idle,
