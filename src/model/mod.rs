@@ -77,6 +77,9 @@ impl ModelClient {
     /// One attempt at the model's next turn. The future is `Send`, so a
     /// driver can run it inside a kube-runtime reconcile (which needs
     /// `Send + 'static`: own the client and the turns in the future).
+    // Spelled out rather than `async fn` so `Send` is a checked promise,
+    // not an inference a later change could silently drop.
+    #[allow(clippy::manual_async_fn)]
     pub fn reply<'a>(
         &'a self,
         req: &'a ModelRequest<'a>,

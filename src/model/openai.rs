@@ -300,7 +300,9 @@ fn redact(s: &str, key: Option<&str>) -> String {
 fn error_chain(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     if let Some(u) = e.url() {
-        text = text.replace(&format!(" ({u})"), "");
+        text = text
+            .replace(&format!(" for url ({u})"), "")
+            .replace(&format!(" ({u})"), "");
     }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -317,8 +319,7 @@ fn error_chain(e: &reqwest::Error) -> String {
 /// Parses a chat-completions response body; the error says what is
 /// missing or wrong.
 pub fn parse_completion(body: &str) -> Result<AgentTurn, String> {
-    let v: Value =
-        serde_json::from_str(body).map_err(|e| format!("the body is not JSON ({e})"))?;
+    let v: Value = serde_json::from_str(body).map_err(|e| format!("the body is not JSON ({e})"))?;
     let choices = match v.get("choices") {
         Some(Value::Array(c)) => c,
         Some(_) => return Err("`choices` is not an array".into()),
@@ -516,7 +517,15 @@ mod tests {
             .collect();
         assert_eq!(
             roles,
-            ["system", "user", "assistant", "tool", "tool", "tool", "user"]
+            [
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "tool",
+                "tool",
+                "user"
+            ]
         );
         let ids: Vec<&str> = messages[3..6]
             .iter()
@@ -548,7 +557,11 @@ mod tests {
     #[test]
     fn a_body_that_is_not_a_completion_says_what_is_wrong() {
         let err = |body: &str| parse_completion(body).unwrap_err();
-        assert!(err("<html>").starts_with("the body is not JSON"), "{}", err("<html>"));
+        assert!(
+            err("<html>").starts_with("the body is not JSON"),
+            "{}",
+            err("<html>")
+        );
         assert_eq!(err(r#"{"choices":[]}"#), "`choices` is empty");
         assert_eq!(err(r#"{"id":"x"}"#), "the body has no `choices`");
         assert_eq!(
@@ -559,8 +572,10 @@ mod tests {
             err(r#"{"error":{"message":"overloaded"}}"#),
             "the body holds an error instead of `choices`: overloaded"
         );
-        assert!(err(r#"{"choices":[{"message":{"tool_calls":[{"id":"a"}]}}]}"#)
-            .contains("tool_calls[0]` has no `function.name`"));
+        assert!(
+            err(r#"{"choices":[{"message":{"tool_calls":[{"id":"a"}]}}]}"#)
+                .contains("tool_calls[0]` has no `function.name`")
+        );
     }
 
     #[test]
@@ -594,7 +609,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            e.message.contains("401 Unauthorized: Incorrect API key provided: <redacted>"),
+            e.message
+                .contains("401 Unauthorized: Incorrect API key provided: <redacted>"),
             "{e}"
         );
         assert!(e.message.contains("check the API key"), "{e}");
@@ -603,17 +619,30 @@ mod tests {
         let long = format!("<html>{}sk-secret</html>", "x".repeat(195));
         let e = c(200, &long).unwrap_err();
         assert!(e.retryable);
-        assert!(e.message.contains("not with a chat completion: the body is not JSON"), "{e}");
-        assert!(e.message.contains(&format!("{} bytes in all", long.len())), "{e}");
+        assert!(
+            e.message
+                .contains("not with a chat completion: the body is not JSON"),
+            "{e}"
+        );
+        assert!(
+            e.message.contains(&format!("{} bytes in all", long.len())),
+            "{e}"
+        );
         assert!(!e.message.contains(&"x".repeat(196)), "{e}");
-        assert!(!e.message.contains("sk-"), "no prefix of the key either: {e}");
+        assert!(
+            !e.message.contains("sk-"),
+            "no prefix of the key either: {e}"
+        );
         let e = c(200, r#"{"choices":[]}"#).unwrap_err();
         assert!(e.retryable);
         assert!(e.message.contains("`choices` is empty"), "{e}");
         assert!(c(200, r#"{"choices":[{"message":{"content":"hi"}}]}"#).is_ok());
         // A multi-byte character at the cut is not split.
         let e = c(500, &"é".repeat(150)).unwrap_err();
-        assert!(e.message.contains("300 bytes in all, the first 200 shown"), "{e}");
+        assert!(
+            e.message.contains("300 bytes in all, the first 200 shown"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -635,7 +664,14 @@ mod tests {
             parse_http_date("Thu, 29 Feb 2024 00:00:00 GMT"),
             Some(UNIX_EPOCH + Duration::from_secs(1_709_164_800))
         );
-        for bad in ["", "-1", "1.5", "soon", "Sun, 06 Nov 1994 08:49:37 CET", "Sun, 32 Nov 1994 08:49:37 GMT"] {
+        for bad in [
+            "",
+            "-1",
+            "1.5",
+            "soon",
+            "Sun, 06 Nov 1994 08:49:37 CET",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+        ] {
             assert_eq!(p(bad), None, "{bad:?}");
         }
     }
