@@ -268,6 +268,7 @@ fn model_client(agent: &AgentSpec) -> Result<ModelClient, String> {
                 &o.base_url,
                 &o.model,
                 key,
+                crate::model::DEFAULT_TIMEOUT,
             )))
         }
     }

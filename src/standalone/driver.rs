@@ -17,7 +17,7 @@ use crate::model::{ModelClient, ModelRequest};
 use crate::runner::ProcessRunner;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{ContinuationRecord, StoreError};
-use crate::tools::{ToolDef, Toolbox};
+use crate::tools::Toolbox;
 use futures::future::BoxFuture;
 use std::time::Duration;
 
@@ -63,28 +63,17 @@ impl ModelPort for AgentModel<'_> {
         input: ModelInput<'a>,
     ) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>> {
         Box::pin(async move {
-            let defs: Vec<ToolDef> = input
-                .tools
-                .iter()
-                .map(|t| ToolDef {
-                    name: t.name.clone(),
-                    description: t.description.clone(),
-                    parameters: t.parameters.clone(),
-                    kind: crate::tools::ToolKind::Container,
-                })
-                .collect();
-            let refs: Vec<&ToolDef> = defs.iter().collect();
             self.0
                 .reply(&ModelRequest {
                     system_prompt: input.system_prompt,
                     turns: input.turns,
-                    tools: &refs,
+                    tools: input.tools,
                 })
                 .await
                 .map_err(|e| ModelFailure {
                     message: e.message,
                     retryable: e.retryable,
-                    retry_after: None,
+                    retry_after: e.retry_after,
                 })
         })
     }
@@ -143,15 +132,7 @@ pub fn runtime(agent: &RunnableAgent) -> AgentRuntime {
     AgentRuntime {
         config: agent.config.clone(),
         system_prompt: agent.system_prompt.clone(),
-        tools: agent
-            .toolbox
-            .defs()
-            .map(|d| crate::core::ToolSchema {
-                name: d.name.clone(),
-                description: d.description.clone(),
-                parameters: d.parameters.clone(),
-            })
-            .collect(),
+        tools: agent.toolbox.schemas(),
     }
 }
 

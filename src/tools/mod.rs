@@ -2,7 +2,7 @@
 //! (`runAsync`): builtins for tests and demos, and the `http` kind.
 //! Container tools never run here; they go to a runner (`crate::runner`).
 
-use crate::core::{ToolCall, ToolResponse, ToolResult};
+use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -92,6 +92,19 @@ impl Toolbox {
 
     pub fn defs(&self) -> impl Iterator<Item = &ToolDef> {
         self.tools.values()
+    }
+
+    /// What the model is offered: each tool's name, description and
+    /// parameters, in name order.
+    pub fn schemas(&self) -> Vec<ToolSchema> {
+        self.tools
+            .values()
+            .map(|d| ToolSchema {
+                name: d.name.clone(),
+                description: d.description.clone(),
+                parameters: d.parameters.clone(),
+            })
+            .collect()
     }
 
     /// Runs `call` here. Every failure is a tool error result for the
@@ -262,6 +275,27 @@ mod tests {
             )
             .await;
         assert!(slow.is_error(), "{slow:?}");
+    }
+
+    #[test]
+    fn schemas_offer_name_description_and_parameters() {
+        let t = Toolbox::new(vec![ToolDef {
+            name: "echo".into(),
+            description: "Echoes.".into(),
+            parameters: Some(json!({"type": "object"})),
+            kind: ToolKind::Builtin {
+                function: "echo".into(),
+            },
+        }])
+        .unwrap();
+        assert_eq!(
+            t.schemas(),
+            [ToolSchema {
+                name: "echo".into(),
+                description: "Echoes.".into(),
+                parameters: Some(json!({"type": "object"})),
+            }]
+        );
     }
 
     #[test]
