@@ -592,9 +592,8 @@ async fn perform(
                 .runner
                 .start(RunKind::Background, &envelope, attempt, timeout)
                 .await;
-            finish_attempt(
-                p, session, &envelope, attempt, status, "runAsync", sid, replay,
-            );
+            let by = p.runner.label(RunKind::Background);
+            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
         }
         Action::LaunchIsolated {
             envelope,
@@ -606,9 +605,8 @@ async fn perform(
                 .runner
                 .start(RunKind::Isolated(&spec), &envelope, attempt, timeout)
                 .await;
-            finish_attempt(
-                p, session, &envelope, attempt, status, "isolated", sid, replay,
-            );
+            let by = p.runner.label(RunKind::Isolated(&spec));
+            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
         }
         Action::RecordResult { token, result, by } => {
             let outcome = p

@@ -138,6 +138,14 @@ pub trait RunnerPort: Send + Sync {
         attempt: u32,
         timeout: Duration,
     ) -> BoxFuture<'a, RunStatus>;
+
+    /// How results of this runner are labelled in progress lines.
+    fn label(&self, kind: RunKind<'_>) -> &'static str {
+        match kind {
+            RunKind::Background => "runAsync",
+            RunKind::Isolated(_) => "isolated",
+        }
+    }
 }
 
 /// Time. Tests use a manual clock and sleep no real time.

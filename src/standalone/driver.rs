@@ -125,6 +125,13 @@ impl RunnerPort for LocalRunner<'_> {
             RunStatus::Finished(result)
         })
     }
+
+    fn label(&self, kind: RunKind<'_>) -> &'static str {
+        match kind {
+            RunKind::Background => "runAsync",
+            RunKind::Isolated(_) => "process",
+        }
+    }
 }
 
 /// The agent as the engine needs it.
