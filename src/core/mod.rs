@@ -22,6 +22,7 @@
 
 pub mod cache;
 pub mod call;
+pub mod conditions;
 pub mod conversation;
 pub mod envelope;
 pub mod ids;
