@@ -4,8 +4,8 @@ use super::run_cmd::block_on;
 use super::{OutputFormat, SessionCommand};
 use crate::core::ids::validate_name;
 use crate::core::ContinuationToken;
-use crate::store::ENGINE_BY;
 use crate::standalone::commands::{self, Output};
+use crate::store::ENGINE_BY;
 use anyhow::Context;
 use std::process::ExitCode;
 

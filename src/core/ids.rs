@@ -159,7 +159,14 @@ mod tests {
 
     #[test]
     fn names_follow_the_kubernetes_rule() {
-        for good in ["a", "demo", "my-session-1", "a.b-c.d", "0x", &"a".repeat(253)] {
+        for good in [
+            "a",
+            "demo",
+            "my-session-1",
+            "a.b-c.d",
+            "0x",
+            &"a".repeat(253),
+        ] {
             assert_eq!(validate_name("Session", good), Ok(()), "{good}");
         }
         for bad in [
@@ -181,7 +188,8 @@ mod tests {
             assert!(e.contains(&format!("{bad:?}")), "{e}");
         }
         // Tokens derived from valid names are valid names themselves.
-        let long = ContinuationToken::for_call(&SessionId("a.".repeat(40) + "b"), CallId::new(1, 0));
+        let long =
+            ContinuationToken::for_call(&SessionId("a.".repeat(40) + "b"), CallId::new(1, 0));
         assert_eq!(validate_name("token", long.as_str()), Ok(()), "{long}");
     }
 

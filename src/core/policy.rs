@@ -424,7 +424,10 @@ mod tests {
             ..secret.clone()
         };
         let e = missing.resolve(&lookup).unwrap_err();
-        assert!(e.contains("AGENTS_SECRET_OTHER_K") && e.contains("not set"), "{e}");
+        assert!(
+            e.contains("AGENTS_SECRET_OTHER_K") && e.contains("not set"),
+            "{e}"
+        );
         let neither = EnvVarSpec {
             name: "X".into(),
             ..Default::default()

@@ -108,13 +108,21 @@ impl ProcessRunner {
                     "the tool's env sets {name}, which the runner sets itself; remove it"
                 ));
             }
-            let value = var.resolve(lookup).map_err(|e| format!("the tool's env: {e}"))?;
+            let value = var
+                .resolve(lookup)
+                .map_err(|e| format!("the tool's env: {e}"))?;
             if value.contains('\0') {
-                return Err(format!("the tool's env: the value of {name} holds a NUL byte"));
+                return Err(format!(
+                    "the tool's env: the value of {name} holds a NUL byte"
+                ));
             }
             set(&mut env, name, value);
         }
-        set(&mut env, "AGENTS_TOKEN", envelope.token.as_str().to_string());
+        set(
+            &mut env,
+            "AGENTS_TOKEN",
+            envelope.token.as_str().to_string(),
+        );
         set(
             &mut env,
             "AGENTS_ENVELOPE_VERSION",
@@ -255,7 +263,14 @@ fn die_with_this_thread(cmd: &mut Command) {
     // shared with the parent.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // The worker may have died before prctl took effect.
@@ -274,22 +289,49 @@ fn die_with_this_thread(_: &mut Command) {}
 /// no dotfiles or credentials of the worker's user there.
 struct ScratchHome(PathBuf);
 
+const HOME_PREFIX: &str = "agents-tool-home-";
+
 impl ScratchHome {
     fn create() -> std::io::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(sweep_stale_homes);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
         let dir = std::env::temp_dir().join(format!(
-            "agents-tool-home-{}-{}-{nanos}",
+            "{HOME_PREFIX}{}-{}-{nanos}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
         Ok(ScratchHome(dir))
+    }
+}
+
+/// A killed worker cannot remove its tools' HOMEs; the next runner in
+/// this temp directory does, for every owner pid that no longer runs.
+fn sweep_stale_homes() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(HOME_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            // Another user's leftovers fail to go (sticky /tmp); fine.
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -521,10 +563,7 @@ mod tests {
             panic!("{out:?}")
         };
         let text = response.to_model_text();
-        let vars: BTreeMap<&str, &str> = text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .collect();
+        let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
         assert_eq!(
             vars.keys().copied().collect::<Vec<_>>(),
             [
@@ -618,5 +657,21 @@ mod tests {
         let pid = read_pid(&pid_path).await;
         assert!(dies_soon(pid).await, "pid {pid} outlived the dropped run");
         let _ = std::fs::remove_file(&pid_path);
+    }
+
+    #[test]
+    fn homes_of_workers_that_no_longer_run_are_swept() {
+        let mut done = std::process::Command::new("true").spawn().unwrap();
+        let dead = done.id();
+        done.wait().unwrap();
+        let stale = std::env::temp_dir().join(format!("{HOME_PREFIX}{dead}-0-1"));
+        let ours = std::env::temp_dir().join(format!("{HOME_PREFIX}{}-999-1", std::process::id()));
+        for d in [&stale, &ours] {
+            std::fs::create_dir_all(d.join(".config")).unwrap();
+        }
+        sweep_stale_homes();
+        assert!(!stale.exists(), "{stale:?} belongs to a gone worker");
+        assert!(ours.exists(), "a running worker's HOME stays");
+        std::fs::remove_dir_all(&ours).unwrap();
     }
 }

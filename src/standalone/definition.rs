@@ -345,7 +345,10 @@ spec:
         let missing_agent = GOOD.replace("agentRef: {name: helper}", "agentRef: {name: other}");
         let e = parse(&missing_agent, "f.yaml").unwrap_err().to_string();
         assert!(e.contains("not in this file"), "{e}");
-        let bad_name = GOOD.replace("{name: s1}", "{name: 'x;touch PWNED;$(touch PWNED2)/../../y'}");
+        let bad_name = GOOD.replace(
+            "{name: s1}",
+            "{name: 'x;touch PWNED;$(touch PWNED2)/../../y'}",
+        );
         let e = parse(&bad_name, "f.yaml").unwrap_err().to_string();
         assert!(
             e.contains("document 2")

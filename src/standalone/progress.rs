@@ -279,7 +279,15 @@ mod tests {
 
     #[test]
     fn a_shell_reads_back_exactly_what_was_quoted() {
-        for s in ["plain", "a b", "it's", "$(touch x)`y`", "'", "\\n\"\\", "~*?[]{}!#&|<>"] {
+        for s in [
+            "plain",
+            "a b",
+            "it's",
+            "$(touch x)`y`",
+            "'",
+            "\\n\"\\",
+            "~*?[]{}!#&|<>",
+        ] {
             let out = std::process::Command::new("sh")
                 .arg("-c")
                 .arg(format!("printf %s {}", shell_quote(s)))
@@ -294,11 +302,19 @@ mod tests {
         let p = Progress::Paused {
             session: "a b".into(),
         };
-        assert!(p.to_text().contains("agents session resume 'a b'"), "{}", p.to_text());
+        assert!(
+            p.to_text().contains("agents session resume 'a b'"),
+            "{}",
+            p.to_text()
+        );
         let y = Progress::Yielded {
             session: "a;b".into(),
             pending: vec![],
         };
-        assert!(y.to_text().ends_with("agents session resume 'a;b'"), "{}", y.to_text());
+        assert!(
+            y.to_text().ends_with("agents session resume 'a;b'"),
+            "{}",
+            y.to_text()
+        );
     }
 }

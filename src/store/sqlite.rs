@@ -155,12 +155,11 @@ impl SqliteStore {
             let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
                 | rusqlite::OpenFlags::SQLITE_OPEN_URI
                 | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-            let conn = Connection::open_with_flags(&uri, flags).map_err(|e| {
-                StoreError::NotAStore {
+            let conn =
+                Connection::open_with_flags(&uri, flags).map_err(|e| StoreError::NotAStore {
                     path: path.display().to_string(),
                     why: e.to_string(),
-                }
-            })?;
+                })?;
             let store = SqliteStore {
                 conn: Mutex::new(conn),
                 path: path.clone(),
@@ -339,7 +338,7 @@ enum Completion {
     Refused(String),
     Recorded,
     /// Already completed (or unreadable): compared outside the lock.
-    Existing(StoreResult<ContinuationRecord>),
+    Existing(Box<StoreResult<ContinuationRecord>>),
 }
 
 /// The directory holding `path` (`.` for a bare file name).
@@ -372,7 +371,11 @@ fn file_uri(path: &Path, immutable: bool) -> String {
             uri.push_str(&format!("%{b:02X}"));
         }
     }
-    uri.push_str(if immutable { "?immutable=1" } else { "?mode=ro" });
+    uri.push_str(if immutable {
+        "?immutable=1"
+    } else {
+        "?mode=ro"
+    });
     uri
 }
 
@@ -671,7 +674,7 @@ impl Store for SqliteStore {
                     return Ok(Completion::Recorded);
                 }
             }
-            Ok(Completion::Existing(existing))
+            Ok(Completion::Existing(Box::new(existing)))
         })?;
         let existing = match outcome {
             Completion::Unknown => return Err(StoreError::UnknownToken(token.clone())),
@@ -682,7 +685,7 @@ impl Store for SqliteStore {
                 })
             }
             Completion::Recorded => return Ok(WriteOnce::Recorded),
-            Completion::Existing(existing) => existing?,
+            Completion::Existing(existing) => (*existing)?,
         };
         let by = existing.completed_by.clone().unwrap_or_default();
         let at = existing.completed_at.unwrap_or_default();
@@ -1032,7 +1035,8 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            err.to_string().contains("denied by carol") && err.to_string().contains("takes no result"),
+            err.to_string().contains("denied by carol")
+                && err.to_string().contains("takes no result"),
             "{err}"
         );
         // ...but the engine's own record of the denial is taken: feed the
@@ -1056,7 +1060,11 @@ mod tests {
                 _ => None,
             })
             .expect("the core records the denial");
-        assert_eq!(result, crate::store::denial_result(&deny), "the store knows the core's denial text");
+        assert_eq!(
+            result,
+            crate::store::denial_result(&deny),
+            "the store knows the core's denial text"
+        );
         assert_eq!(
             store
                 .complete_continuation(denied, &result, &by, Millis(8))
@@ -1097,7 +1105,10 @@ mod tests {
         let (state, specs) = waiting_session();
         let writer = SqliteStore::open(&path).unwrap();
         writer.create_session(record(state.clone())).await.unwrap();
-        writer.ensure_continuation(&specs[0], Millis(3)).await.unwrap();
+        writer
+            .ensure_continuation(&specs[0], Millis(3))
+            .await
+            .unwrap();
 
         // Beside a writer (its -shm exists): shares it and sees its commits.
         let shm = PathBuf::from(format!("{}-shm", path.display()));
@@ -1113,7 +1124,10 @@ mod tests {
             .unwrap();
         assert!(reader.list_sessions().await.unwrap()[0].paused);
 
-        let err = reader.create_session(record(state.clone())).await.unwrap_err();
+        let err = reader
+            .create_session(record(state.clone()))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
         assert!(err.to_string().contains("read-only for this user"), "{err}");
         assert!(matches!(
@@ -1130,10 +1144,25 @@ mod tests {
         let reader = SqliteStore::open_read_only(&path).unwrap();
         let loaded = reader.load_session(&state.id).await.unwrap().unwrap();
         assert!(loaded.value.state.paused);
-        assert_eq!(reader.session_continuations(&state.id).await.unwrap().len(), 1);
-        assert!(!shm.exists(), "a reader must not create files beside the store");
+        assert_eq!(
+            reader.session_continuations(&state.id).await.unwrap().len(),
+            1
+        );
+        assert!(
+            !shm.exists(),
+            "a reader must not create files beside the store"
+        );
         assert!(matches!(
-            reader.cache_put(&crate::core::CacheKey { tool: "t".into(), arguments_sha256: "a".into() }, &ToolResult::text("x"), Millis(1)).await,
+            reader
+                .cache_put(
+                    &crate::core::CacheKey {
+                        tool: "t".into(),
+                        arguments_sha256: "a".into()
+                    },
+                    &ToolResult::text("x"),
+                    Millis(1)
+                )
+                .await,
             Err(StoreError::ReadOnly { .. })
         ));
         let _ = std::fs::remove_file(&path);
@@ -1141,11 +1170,18 @@ mod tests {
 
     #[test]
     fn a_missing_directory_is_named() {
-        let dir = std::env::temp_dir().join(format!("agents-nodir-{}-{}", std::process::id(), now_nanos()));
+        let dir = std::env::temp_dir().join(format!(
+            "agents-nodir-{}-{}",
+            std::process::id(),
+            now_nanos()
+        ));
         let path = dir.join("x/agents.db");
         let err = SqliteStore::open(&path).err().unwrap();
         assert!(matches!(err, StoreError::NoDirectory { .. }), "{err:?}");
         let msg = err.to_string();
-        assert!(msg.contains("does not exist") && msg.contains(&dir.join("x").display().to_string()), "{msg}");
+        assert!(
+            msg.contains("does not exist") && msg.contains(&dir.join("x").display().to_string()),
+            "{msg}"
+        );
     }
 }

@@ -378,7 +378,8 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let lookup = |k: &str| (k == "AGENTS_SECRET_SVC_TOKEN").then(|| "Bearer s3cret".to_string());
+        let lookup =
+            |k: &str| (k == "AGENTS_SECRET_SVC_TOKEN").then(|| "Bearer s3cret".to_string());
         let args = Map::new();
         let result = Toolbox::default()
             .http_call(&url, &headers, &args, "s/t1-c0", &lookup)
@@ -395,10 +396,20 @@ mod tests {
         sorted.sort();
         assert_eq!(
             sorted,
-            ["accept", "authorization", "content-length", "content-type", "host", "idempotency-key", "x-team"],
+            [
+                "accept",
+                "authorization",
+                "content-length",
+                "content-type",
+                "host",
+                "idempotency-key",
+                "x-team"
+            ],
             "{request}"
         );
-        assert!(request.contains("x-team: blue") && request.contains("authorization: bearer s3cret"));
+        assert!(
+            request.contains("x-team: blue") && request.contains("authorization: bearer s3cret")
+        );
         // A secret the worker does not have is a tool error naming it.
         let missing = Toolbox::default()
             .http_call(&url, &headers, &args, "k", &|_| None)
