@@ -162,7 +162,7 @@ pub enum StoreError {
     #[error("the store {path} is read-only for this user (no write access to the file or its directory): reading works, but this command writes; run it as a user who can write the store")]
     ReadOnly { path: String },
     /// `--store sqlite:nope/x/agents.db` where `nope/x` does not exist.
-    #[error("the store {path} cannot be opened: the directory {dir} does not exist; create it first (mkdir -p {dir}) or give another path with --store sqlite:PATH")]
+    #[error("the store {path} cannot be opened: the directory {dir} does not exist; create that directory first, or give another path with --store sqlite:PATH")]
     NoDirectory { path: String, dir: String },
     /// The continuation takes no result now (see [`ContinuationRecord::not_accepting`]).
     #[error("{token} does not accept a result: {why}")]

@@ -132,8 +132,10 @@ impl SqliteStore {
     /// no other process has the store open (no `-shm` file), the file is
     /// read as it is (`immutable=1`), since a WAL reader would otherwise
     /// create `-shm`/`-wal` files in a directory that is not ours, or fail
-    /// where it cannot. With a writer at work, its `-shm` is shared
-    /// (`mode=ro`) and reads see its commits.
+    /// where it cannot; a writer that starts during such a read may make
+    /// it fail (run it again), which a short read like `list` accepts.
+    /// With a writer at work, its `-shm` is shared (`mode=ro`) and reads
+    /// see its commits.
     pub fn open_read_only(path: impl AsRef<Path>) -> StoreResult<Self> {
         Self::open_read_only_with_timeout(path, busy_timeout_from_env())
     }
