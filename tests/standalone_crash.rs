@@ -203,6 +203,12 @@ fn check_every_result_once(state: &SessionState, conts: &[ContinuationRecord], r
     );
     for c in conts {
         let entry = &results[&c.spec.call_id];
+        if c.result.as_ref() != Some(&entry.result) {
+            eprintln!(
+                "mismatch: {:?} waiting={:?} result={:?} by={:?} decision={:?}",
+                c.spec.token, c.spec.waiting_for, c.result, c.completed_by, c.decision
+            );
+        }
         assert_eq!(
             c.result.as_ref(),
             Some(&entry.result),

@@ -160,6 +160,8 @@ fn isolation_spec(c: &ContainerTool) -> IsolationSpec {
         command: c.command.clone(),
         args: c.args.clone(),
         limits: c.limits.clone(),
+        // Fed by the tool's `env` once the API carries it (crd helper).
+        env: Vec::new(),
     }
 }
 

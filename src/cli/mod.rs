@@ -1,6 +1,7 @@
 //! The `agents` command line (also `kubectl agents` when installed as the
 //! kubectl plugin `kubectl-agents`).
 
+pub mod out;
 mod run_cmd;
 mod session_cmd;
 
@@ -181,7 +182,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse_from(plugin_aware_args());
     let result = match cli.command {
         Command::Crds => {
-            print!("{}", crate::api::crds_yaml());
+            out::text(&crate::api::crds_yaml());
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => run_cmd::run(args),
@@ -190,7 +191,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            out::err_line(&format!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }

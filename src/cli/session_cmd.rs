@@ -2,8 +2,10 @@
 
 use super::run_cmd::block_on;
 use super::{OutputFormat, SessionCommand};
+use crate::core::ids::validate_name;
 use crate::core::ContinuationToken;
 use crate::standalone::commands::{self, Output};
+use crate::store::ENGINE_BY;
 use anyhow::Context;
 use std::process::ExitCode;
 
@@ -13,7 +15,37 @@ fn output(f: OutputFormat) -> Output {
     }
 }
 
+/// Refuses a session name or token that no session could have, before
+/// the store is opened: such text must not reach a hint or a query.
+fn check_name(kind: &str, name: &str) -> anyhow::Result<()> {
+    validate_name(kind, name).map_err(anyhow::Error::msg)
+}
+
+/// `agents` is how the engine signs what it records itself (timeouts,
+/// retried results); a person or worker must not pass as it.
+fn check_by(by: &str) -> anyhow::Result<()> {
+    if by == ENGINE_BY {
+        anyhow::bail!("--by {ENGINE_BY:?} is reserved for what the engine records itself; give your own name, e.g. --by alice");
+    }
+    Ok(())
+}
+
 pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
+    match &cmd {
+        SessionCommand::List { .. } => {}
+        SessionCommand::Show { session, .. }
+        | SessionCommand::Pending { session, .. }
+        | SessionCommand::Pause { session, .. }
+        | SessionCommand::Resume { session, .. }
+        | SessionCommand::Retry { session, .. }
+        | SessionCommand::RunIsolated { session, .. } => check_name("session", session)?,
+        SessionCommand::Complete { token, by, .. }
+        | SessionCommand::Approve { token, by, .. }
+        | SessionCommand::Deny { token, by, .. } => {
+            check_name("token", token)?;
+            check_by(by)?;
+        }
+    }
     block_on(async move {
         match cmd {
             SessionCommand::List { store, output: o } => {

@@ -102,6 +102,39 @@ impl fmt::Display for ContinuationToken {
     }
 }
 
+/// Longest name a Kubernetes object may have (a DNS-1123 subdomain).
+pub const MAX_OBJECT_NAME_LEN: usize = 253;
+
+/// Checks `name` against the Kubernetes rule for object names (a DNS-1123
+/// subdomain), as the cluster will: lowercase letters, digits, '-' and '.',
+/// starting and ending with a letter or digit, at most 253 characters.
+/// Names end up in hints printed as commands and in object names, so
+/// nothing else is accepted. `kind` names what is checked, for the message.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
+    let rule = "a name must be lowercase letters, digits, '-' or '.', start and end with a letter or digit, and have at most 253 characters (a Kubernetes DNS-1123 subdomain), e.g. my-session-1";
+    let bad = |why: &str| Err(format!("{kind} name {name:?} is not valid: {why}; {rule}"));
+    if name.is_empty() {
+        return bad("it is empty");
+    }
+    if name.len() > MAX_OBJECT_NAME_LEN {
+        return bad(&format!("it has {} characters", name.len()));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+    {
+        return bad(&format!("it contains {c:?}"));
+    }
+    // Each dot-separated label must start and end alphanumeric too.
+    for label in name.split('.') {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        if !alnum(label.chars().next()) || !alnum(label.chars().last()) {
+            return bad("each part between dots must start and end with a letter or digit");
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -122,6 +155,42 @@ mod tests {
         let json = serde_json::to_string(&id).unwrap();
         assert_eq!(json, "\"t3-c12\"");
         assert_eq!(serde_json::from_str::<CallId>(&json).unwrap(), id);
+    }
+
+    #[test]
+    fn names_follow_the_kubernetes_rule() {
+        for good in [
+            "a",
+            "demo",
+            "my-session-1",
+            "a.b-c.d",
+            "0x",
+            &"a".repeat(253),
+        ] {
+            assert_eq!(validate_name("Session", good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "Demo",
+            "x;touch PWNED;$(touch PWNED2)/../../y",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.-b",
+            "a_b",
+            "a b",
+            "é",
+            &"a".repeat(254),
+        ] {
+            let e = validate_name("Session", bad).unwrap_err();
+            assert!(e.contains("Session name") && e.contains("DNS-1123"), "{e}");
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+        // Tokens derived from valid names are valid names themselves.
+        let long =
+            ContinuationToken::for_call(&SessionId("a.".repeat(40) + "b"), CallId::new(1, 0));
+        assert_eq!(validate_name("token", long.as_str()), Ok(()), "{long}");
     }
 
     #[test]

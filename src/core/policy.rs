@@ -26,6 +26,76 @@ pub struct IsolationSpec {
     /// Resource limits, e.g. `{"cpu": "500m", "memory": "128Mi"}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, String>,
+    /// The only variables the tool gets besides the runner's fixed few:
+    /// a tool never inherits the worker's environment (API keys live there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVarSpec>,
+}
+
+/// A variable (or an `http` tool's header) named by a tool's definition:
+/// a literal value, or a Secret key the user opts into. Only the
+/// reference is stored; the value is read when the tool starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSpec {
+    pub name: String,
+    /// A literal, non-secret value (it is stored with the session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// A Secret key; standalone it is read from the worker's environment
+    /// variable [`SecretKeyRef::env_name`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretKeyRef>,
+}
+
+/// A key of a Secret: in a cluster the Secret object, standalone the
+/// environment variable `AGENTS_SECRET_<NAME>_<KEY>` of the worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+impl SecretKeyRef {
+    /// `{name: llm, key: api-key}` is `AGENTS_SECRET_LLM_API_KEY`.
+    pub fn env_name(&self) -> String {
+        let clean = |s: &str| {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect::<String>()
+        };
+        format!("AGENTS_SECRET_{}_{}", clean(&self.name), clean(&self.key))
+    }
+}
+
+impl EnvVarSpec {
+    /// The value, reading a secret through `lookup` (the worker's
+    /// environment); the error names what is missing and how to fix it.
+    pub fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+        match (&self.value, &self.secret) {
+            (Some(v), None) => Ok(v.clone()),
+            (None, Some(r)) => lookup(&r.env_name()).ok_or_else(|| {
+                format!(
+                    "{:?} takes its value from secret {}/{}, read from the environment variable {} of the worker, which is not set; export it where the worker runs",
+                    self.name,
+                    r.name,
+                    r.key,
+                    r.env_name()
+                )
+            }),
+            _ => Err(format!(
+                "{:?} needs exactly one of value and secret",
+                self.name
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +259,11 @@ fn merge_spec(mut rule: IsolationSpec, tool: &IsolationSpec) -> IsolationSpec {
     for (k, v) in &tool.limits {
         rule.limits.entry(k.clone()).or_insert_with(|| v.clone());
     }
+    for var in &tool.env {
+        if !rule.env.iter().any(|r| r.name == var.name) {
+            rule.env.push(var.clone());
+        }
+    }
     rule
 }
 
@@ -321,6 +396,43 @@ mod tests {
         assert_eq!(spec.image, "tools/ls:1");
         assert_eq!(spec.command, vec!["/bin/ls".to_string()]);
         assert_eq!(spec.limits["memory"], "64Mi");
+    }
+
+    #[test]
+    fn env_values_are_literal_or_an_opted_in_secret() {
+        let lookup = |k: &str| (k == "AGENTS_SECRET_GH_API_TOKEN").then(|| "s3cret".to_string());
+        let lit = EnvVarSpec {
+            name: "MODE".into(),
+            value: Some("fast".into()),
+            ..Default::default()
+        };
+        assert_eq!(lit.resolve(&lookup), Ok("fast".into()));
+        let secret = EnvVarSpec {
+            name: "TOKEN".into(),
+            secret: Some(SecretKeyRef {
+                name: "gh".into(),
+                key: "api-token".into(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(secret.resolve(&lookup), Ok("s3cret".into()));
+        let missing = EnvVarSpec {
+            secret: Some(SecretKeyRef {
+                name: "other".into(),
+                key: "k".into(),
+            }),
+            ..secret.clone()
+        };
+        let e = missing.resolve(&lookup).unwrap_err();
+        assert!(
+            e.contains("AGENTS_SECRET_OTHER_K") && e.contains("not set"),
+            "{e}"
+        );
+        let neither = EnvVarSpec {
+            name: "X".into(),
+            ..Default::default()
+        };
+        assert!(neither.resolve(&lookup).is_err());
     }
 
     #[test]

@@ -937,7 +937,7 @@ impl Session {
             CallState::Completed
         };
         call.finish(to, result.clone(), "agents")?;
-        self.push(Action::RecordResult {
+        self.push_result(Action::RecordResult {
             token: token.clone(),
             result: result.clone(),
             by: "agents".into(),
@@ -1079,7 +1079,7 @@ impl Session {
         } else {
             let result = ToolResult::error(message);
             call.finish(CallState::Completed, result.clone(), &by)?;
-            self.push(Action::RecordResult {
+            self.push_result(Action::RecordResult {
                 token: token.clone(),
                 result,
                 by,
@@ -1151,7 +1151,7 @@ impl Session {
             }
         }
         for a in actions {
-            self.push(a);
+            self.push_result(a);
         }
         self.start_due(now, false);
         self.settle(now);
@@ -1451,6 +1451,19 @@ impl Session {
 
     fn push(&mut self, action: Action) {
         self.actions.push_back(action);
+    }
+
+    /// Queues a result write ahead of every queued checkpoint: a stored
+    /// state never holds a result that its continuation lacks.
+    fn push_result(&mut self, action: Action) {
+        match self
+            .actions
+            .iter()
+            .position(|a| matches!(a, Action::Checkpoint))
+        {
+            Some(i) => self.actions.insert(i, action),
+            None => self.actions.push_back(action),
+        }
     }
 }
 

@@ -546,7 +546,19 @@ async fn perform(
         Action::EnsureContinuation(spec) => {
             let now = p.clock.now();
             let record = p.continuations.ensure(owner, &spec, now).await?;
-            if record.decision.is_some() || record.result.is_some() {
+            let settled = session
+                .state()
+                .find_call(&spec.token)
+                .filter(|c| c.state.is_final())
+                .and_then(|c| Some((c.result.clone()?, c.completed_by.clone())));
+            if let (Some((result, by)), None) = (settled, &record.result) {
+                // The call ended before its continuation existed (a crash
+                // between the two writes): give the continuation its result.
+                let by = by.unwrap_or_else(|| "agents".into());
+                p.continuations
+                    .complete(&spec.token, &result, &by, now)
+                    .await?;
+            } else if record.decision.is_some() || record.result.is_some() {
                 // Written from outside before we got here (or before a crash).
                 apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
             } else if let Some(hit) = cache_hit(p, &spec).await? {
@@ -609,10 +621,19 @@ async fn perform(
             finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
         }
         Action::RecordResult { token, result, by } => {
-            let outcome = p
+            let outcome = match p
                 .continuations
                 .complete(&token, &result, &by, p.clock.now())
-                .await?;
+                .await
+            {
+                // Not created yet (a crash before its ensure): the queued
+                // ensure writes the result when it creates it.
+                Err(StoreError::UnknownToken(_)) => {
+                    debug!(session = sid, %token, "result waits for its continuation");
+                    return Ok(());
+                }
+                other => other?,
+            };
             if let WriteOnce::AlreadyDifferent { by, .. } = outcome {
                 p.observer.observe(&Progress::Note {
                     session: sid.to_string(),

@@ -9,14 +9,36 @@
 //! - The command is exec'd with its argv as configured by the agent author;
 //!   nothing the model wrote is ever put on a command line or through a
 //!   shell: the model's arguments travel only inside the envelope.
-//! - A timeout kills the child's whole process group.
+//! - The child gets a clean environment: `PATH` ([`SAFE_PATH`]), `HOME` (a
+//!   scratch directory made for this run and removed after it), `LANG`,
+//!   `AGENTS_TOKEN`, `AGENTS_ENVELOPE_VERSION`, plus exactly the variables
+//!   its definition names ([`IsolationSpec::env`]). Nothing is inherited
+//!   from the worker, whose environment holds the model's API key.
+//! - The child runs in its own process group, which is killed on every way
+//!   out of [`ProcessRunner::run`]: exit, timeout, error, or the future
+//!   being dropped. If the worker itself is killed (SIGKILL leaves no way
+//!   out), the kernel kills the child (`PR_SET_PDEATHSIG`). That signal
+//!   follows the *thread* that spawned the child: `run` spawns from the
+//!   thread polling it, which must live as long as the call. Tokio's
+//!   runtime threads (current-thread or worker threads) do; do not call
+//!   `run` from `spawn_blocking` or a short-lived thread, whose exit would
+//!   kill the tool. The tool's own children do not inherit the signal;
+//!   they die with the group on every exit path except a SIGKILLed worker.
 
 use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};
 use crate::core::{IsolationSpec, ToolResult};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
+
+/// `PATH` of every tool process: system directories only, never the
+/// worker's own `PATH` (which may point into a user's home).
+pub const SAFE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Variables the runner sets itself; a definition cannot replace them.
+const RESERVED: &[&str] = &["AGENTS_TOKEN", "AGENTS_ENVELOPE_VERSION"];
 
 /// Output beyond this is cut, so a chatty tool cannot exhaust memory.
 pub const MAX_CAPTURE_BYTES: usize = 4 * 1024 * 1024;
@@ -36,7 +58,8 @@ pub struct ProcessOutcome {
 
 #[derive(Clone, Debug)]
 pub struct ProcessRunner {
-    /// Extra environment for every child (e.g. `PATH` in tests).
+    /// Extra variables for every child, set by the program that embeds the
+    /// runner (e.g. `PATH` in tests); never copied from its environment.
     pub env: Vec<(String, String)>,
     pub default_timeout: Duration,
 }
@@ -51,6 +74,63 @@ impl Default for ProcessRunner {
 }
 
 impl ProcessRunner {
+    /// The whole environment of a tool process (see the module docs).
+    /// `lookup` reads the worker's environment, and is asked only for the
+    /// secrets the definition names.
+    pub fn tool_env(
+        &self,
+        envelope: &CallEnvelope,
+        spec: &IsolationSpec,
+        home: &Path,
+        lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<Vec<(String, String)>, String> {
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), SAFE_PATH.into()),
+            ("HOME".into(), home.display().to_string()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
+            env.retain(|(name, _)| name != k);
+            env.push((k.to_string(), v));
+        };
+        for (k, v) in &self.env {
+            set(&mut env, k, v.clone());
+        }
+        for var in &spec.env {
+            let name = &var.name;
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "the tool's env has an invalid variable name {name:?}"
+                ));
+            }
+            if RESERVED.contains(&name.as_str()) {
+                return Err(format!(
+                    "the tool's env sets {name}, which the runner sets itself; remove it"
+                ));
+            }
+            let value = var
+                .resolve(lookup)
+                .map_err(|e| format!("the tool's env: {e}"))?;
+            if value.contains('\0') {
+                return Err(format!(
+                    "the tool's env: the value of {name} holds a NUL byte"
+                ));
+            }
+            set(&mut env, name, value);
+        }
+        set(
+            &mut env,
+            "AGENTS_TOKEN",
+            envelope.token.as_str().to_string(),
+        );
+        set(
+            &mut env,
+            "AGENTS_ENVELOPE_VERSION",
+            ENVELOPE_VERSION.to_string(),
+        );
+        Ok(env)
+    }
+
     pub async fn run(
         &self,
         envelope: &CallEnvelope,
@@ -66,24 +146,32 @@ impl ProcessRunner {
                 "the isolated tool has no command; set tools[].container.command",
             );
         };
+        let home = match ScratchHome::create() {
+            Ok(h) => h,
+            Err(e) => return failed(started, format!("cannot create the tool's HOME: {e}")),
+        };
+        let env = match self.tool_env(envelope, spec, &home.0, &|k| std::env::var(k).ok()) {
+            Ok(env) => env,
+            Err(e) => return failed(started, e),
+        };
         let mut cmd = Command::new(program);
         cmd.args(rest)
+            .env_clear()
+            .envs(env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .env("AGENTS_TOKEN", envelope.token.as_str())
-            .env("AGENTS_ENVELOPE_VERSION", ENVELOPE_VERSION)
             .kill_on_drop(true)
             // Its own process group, so a timeout also ends grandchildren.
             .process_group(0);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
+        die_with_this_thread(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return failed(started, format!("cannot start {program:?}: {e}")),
         };
-        let pid = child.id();
+        // Kills the group however this function is left, including when
+        // the future is dropped mid-run.
+        let mut group = GroupKill(child.id().map(|p| p as i32));
         let input = serde_json::to_vec(envelope).expect("envelopes serialise");
         let mut stdin = child.stdin.take().expect("piped");
         let mut stdout = child.stdout.take().expect("piped");
@@ -94,12 +182,22 @@ impl ProcessRunner {
                 let _ = stdin.write_all(&input).await;
                 drop(stdin);
             };
-            let (_, out, err) =
-                tokio::join!(write, read_capped(&mut stdout), read_capped(&mut stderr));
-            let status = child.wait().await;
+            let wait = async {
+                let status = child.wait().await;
+                // Children it left behind die with it (as in a Job's pod);
+                // they would also hold the output pipes open.
+                group.kill();
+                status
+            };
+            let (_, out, err, status) = tokio::join!(
+                write,
+                read_capped(&mut stdout),
+                read_capped(&mut stderr),
+                wait
+            );
             (out, err, status)
         };
-        match tokio::time::timeout(timeout, io).await {
+        let outcome = match tokio::time::timeout(timeout, io).await {
             Ok((stdout, stderr, status)) => {
                 let exit_code = status.as_ref().ok().and_then(|s| s.code());
                 let result = match status {
@@ -115,27 +213,131 @@ impl ProcessRunner {
                     elapsed: started.elapsed(),
                 }
             }
-            Err(_) => {
-                if let Some(pid) = pid {
-                    // SAFETY: kill(2) with a negative pid signals the group
-                    // we created above; no memory is involved.
-                    unsafe {
-                        libc::kill(-(pid as i32), libc::SIGKILL);
-                    }
-                }
-                ProcessOutcome {
-                    result: ToolResult::error(format!(
-                        "timed out after {}s; the process was killed",
-                        timeout.as_secs_f64()
-                    )),
-                    exit_code: None,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    timed_out: true,
-                    elapsed: started.elapsed(),
-                }
+            Err(_) => ProcessOutcome {
+                result: ToolResult::error(format!(
+                    "timed out after {}s; the process was killed",
+                    timeout.as_secs_f64()
+                )),
+                exit_code: None,
+                stdout: String::new(),
+                stderr: String::new(),
+                timed_out: true,
+                elapsed: started.elapsed(),
+            },
+        };
+        drop(group);
+        drop(home);
+        outcome
+    }
+}
+
+/// SIGKILLs a process group when dropped (or at [`GroupKill::kill`]).
+struct GroupKill(Option<i32>);
+
+impl GroupKill {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // SAFETY: kill(2) with a negative pid signals the group created
+            // at spawn; no memory is involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
             }
         }
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The child gets SIGKILL when the thread that spawned it ends: a worker
+/// killed with SIGKILL takes its tool along instead of leaving it running
+/// under pid 1 while another worker runs the same call.
+#[cfg(target_os = "linux")]
+fn die_with_this_thread(cmd: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe system calls (prctl, getppid), touching no memory
+    // shared with the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker may have died before prctl took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_this_thread(_: &mut Command) {}
+
+/// A private, empty `HOME` for one run, removed afterwards: a tool finds
+/// no dotfiles or credentials of the worker's user there.
+struct ScratchHome(PathBuf);
+
+const HOME_PREFIX: &str = "agents-tool-home-";
+
+impl ScratchHome {
+    fn create() -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(sweep_stale_homes);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "{HOME_PREFIX}{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        Ok(ScratchHome(dir))
+    }
+}
+
+/// A killed worker cannot remove its tools' HOMEs; the next runner in
+/// this temp directory does, for every owner pid that no longer runs.
+fn sweep_stale_homes() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(HOME_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            // Another user's leftovers fail to go (sticky /tmp); fine.
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+impl Drop for ScratchHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -293,5 +495,183 @@ mod tests {
             .run(&envelope("{}"), &IsolationSpec::default(), None)
             .await;
         assert!(out.result.is_error());
+    }
+
+    /// Gone, or a zombie nobody reaped yet: either way it runs no more.
+    pub(crate) fn is_dead(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            // "pid (comm) S ...": the state follows the last ')'.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        }
+    }
+
+    async fn read_pid(path: &Path) -> i32 {
+        for _ in 0..200 {
+            if let Ok(text) = std::fs::read_to_string(path) {
+                if let Ok(pid) = text.trim().parse() {
+                    return pid;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no pid in {}", path.display());
+    }
+
+    async fn dies_soon(pid: i32) -> bool {
+        for _ in 0..200 {
+            if is_dead(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    fn pid_file(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "agents-runner-{name}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        ));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[tokio::test]
+    async fn the_tool_sees_only_the_fixed_set_and_what_its_definition_names() {
+        use crate::core::policy::{EnvVarSpec, SecretKeyRef};
+        // `env` itself, no shell: the output is exactly the environment.
+        let spec = IsolationSpec {
+            command: vec!["env".into()],
+            env: vec![EnvVarSpec {
+                name: "GREETING".into(),
+                value: Some("hello there".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let out = ProcessRunner::default()
+            .run(&envelope("{}"), &spec, None)
+            .await;
+        let ToolResult::Success { response } = &out.result else {
+            panic!("{out:?}")
+        };
+        let text = response.to_model_text();
+        let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        assert_eq!(
+            vars.keys().copied().collect::<Vec<_>>(),
+            [
+                "AGENTS_ENVELOPE_VERSION",
+                "AGENTS_TOKEN",
+                "GREETING",
+                "HOME",
+                "LANG",
+                "PATH"
+            ],
+            "this test process has many more variables; none may leak:\n{text}"
+        );
+        assert_eq!(vars["GREETING"], "hello there");
+        assert_eq!(vars["PATH"], SAFE_PATH);
+        assert_eq!(vars["LANG"], "C.UTF-8");
+        assert_eq!(vars["AGENTS_TOKEN"], "s-t1-c0");
+        let home = Path::new(vars["HOME"]);
+        assert!(home.starts_with(std::env::temp_dir()), "{home:?}");
+        assert!(!home.exists(), "the scratch HOME is removed after the run");
+
+        // A secret comes only by reference, from the worker's environment.
+        let secret = EnvVarSpec {
+            name: "TOKEN".into(),
+            secret: Some(SecretKeyRef {
+                name: "gh".into(),
+                key: "token".into(),
+            }),
+            ..Default::default()
+        };
+        let with_secret = IsolationSpec {
+            env: vec![secret.clone()],
+            ..spec.clone()
+        };
+        let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
+        let env = ProcessRunner::default()
+            .tool_env(&envelope("{}"), &with_secret, Path::new("/h"), &lookup)
+            .unwrap();
+        assert!(env.contains(&("TOKEN".into(), "s3cret".into())), "{env:?}");
+        let missing = ProcessRunner::default()
+            .tool_env(&envelope("{}"), &with_secret, Path::new("/h"), &|_| None)
+            .unwrap_err();
+        assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
+        // The runner's own variables cannot be replaced.
+        let clash = IsolationSpec {
+            env: vec![EnvVarSpec {
+                name: "AGENTS_TOKEN".into(),
+                value: Some("other".into()),
+                ..Default::default()
+            }],
+            ..spec.clone()
+        };
+        let out = ProcessRunner::default()
+            .run(&envelope("{}"), &clash, None)
+            .await;
+        assert!(
+            matches!(&out.result, ToolResult::Error { message } if message.contains("AGENTS_TOKEN")),
+            "{out:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn children_left_behind_die_when_the_tool_exits() {
+        let pid_path = pid_file("leftover");
+        let script = format!("sleep 30 & echo $! > {}; echo done", pid_path.display());
+        let out = ProcessRunner::default()
+            .run(&envelope("{}"), &sh(&script), Some(Duration::from_secs(20)))
+            .await;
+        // The background sleep holds stdout: without the group kill the
+        // run would wait for it until the timeout.
+        assert_eq!(out.result, ToolResult::text("done"), "{out:?}");
+        assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
+        let pid = read_pid(&pid_path).await;
+        assert!(dies_soon(pid).await, "pid {pid} outlived its tool");
+        let _ = std::fs::remove_file(&pid_path);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_kills_the_whole_group() {
+        let pid_path = pid_file("dropped");
+        let script = format!("sleep 30 & echo $! > {}; wait", pid_path.display());
+        let spec = sh(&script);
+        let runner = ProcessRunner::default();
+        let env = envelope("{}");
+        tokio::select! {
+            _ = runner.run(&env, &spec, None) => panic!("the tool should still run"),
+            pid = read_pid(&pid_path) => {
+                // Leaving the select drops the run future mid-run.
+                let _ = pid;
+            }
+        }
+        let pid = read_pid(&pid_path).await;
+        assert!(dies_soon(pid).await, "pid {pid} outlived the dropped run");
+        let _ = std::fs::remove_file(&pid_path);
+    }
+
+    #[test]
+    fn homes_of_workers_that_no_longer_run_are_swept() {
+        let mut done = std::process::Command::new("true").spawn().unwrap();
+        let dead = done.id();
+        done.wait().unwrap();
+        let stale = std::env::temp_dir().join(format!("{HOME_PREFIX}{dead}-0-1"));
+        let ours = std::env::temp_dir().join(format!("{HOME_PREFIX}{}-999-1", std::process::id()));
+        for d in [&stale, &ours] {
+            std::fs::create_dir_all(d.join(".config")).unwrap();
+        }
+        sweep_stale_homes();
+        assert!(!stale.exists(), "{stale:?} belongs to a gone worker");
+        assert!(ours.exists(), "a running worker's HOME stays");
+        std::fs::remove_dir_all(&ours).unwrap();
     }
 }

@@ -4,12 +4,14 @@
 use super::definition::{self, Definition, RunnableAgent};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
+use crate::cli::out;
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
 };
 use crate::engine::Roles;
 use crate::runner::ProcessRunner;
+use crate::standalone::progress::shell_quote;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Decision, SessionInput, SessionRecord, Store, StoreError, WriteOnce};
 use anyhow::{anyhow, bail, Context};
@@ -27,11 +29,7 @@ pub struct Output {
 
 impl Output {
     pub fn emit(&self, p: &Progress) {
-        if self.json {
-            println!("{}", serde_json::to_string(p).expect("progress serialises"));
-        } else {
-            println!("{}", p.to_text());
-        }
+        p.emit(self.json)
     }
 }
 
@@ -54,7 +52,7 @@ fn store_flag(url: &str) -> String {
     if url == "sqlite:./agents.db" {
         String::new()
     } else {
-        format!("--store {url}")
+        format!("--store {}", shell_quote(url))
     }
 }
 
@@ -233,9 +231,9 @@ pub async fn pause(session: &str, store_url: &str) -> anyhow::Result<ExitCode> {
     let (_, _, agent) = load_agent(&store, &id).await?;
     update_input(&store, &id, |i| i.paused = true).await?;
     sync_input(&store, &agent, &id).await?;
-    println!(
+    out::line(&format!(
         "session {id} paused; no model or tool call starts until `agents session resume {id}`"
-    );
+    ));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -243,18 +241,21 @@ pub async fn list(store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
     let store = open_store(store_url)?;
     let sessions = store.list_sessions().await?;
     if out.json {
-        println!("{}", serde_json::to_string(&sessions)?);
+        out::line(&format!("{}", serde_json::to_string(&sessions)?));
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<32} {:<14} {:>7} PAUSED", "SESSION", "PHASE", "PENDING");
+    out::line(&format!(
+        "{:<32} {:<14} {:>7} PAUSED",
+        "SESSION", "PHASE", "PENDING"
+    ));
     for s in sessions {
-        println!(
+        out::line(&format!(
             "{:<32} {:<14} {:>7} {}",
             s.id.0,
             format!("{:?}", s.phase),
             s.pending,
             if s.paused { "yes" } else { "" }
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,23 +269,23 @@ pub async fn show(session: &str, store_url: &str, out: Output) -> anyhow::Result
     let state = preview(&store, &agent, &id).await?;
     if out.json {
         let continuations = store.session_continuations(&id).await?;
-        println!(
+        out::line(&format!(
             "{}",
             serde_json::json!({"session": state, "continuations": continuations})
-        );
+        ));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    out::line(&format!(
         "session {id}: {:?}{}",
         state.phase,
         if state.paused { " (paused)" } else { "" }
-    );
+    ));
     print_conversation(&state);
     if let Some(answer) = &state.answer {
-        println!("answer: {answer}");
+        out::line(&format!("answer: {answer}"));
     }
     if let Some(reason) = &state.failure {
-        println!("failure: {reason}");
+        out::line(&format!("failure: {reason}"));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -295,25 +296,28 @@ fn print_conversation(state: &SessionState) {
         match turn {
             Turn::User(u) => {
                 for r in &u.tool_results {
-                    println!(
+                    out::line(&format!(
                         "  result {} {}: {}",
                         r.call_id,
                         r.tool,
                         r.result.to_model_text().replace('\n', " ⏎ ")
-                    );
+                    ));
                 }
                 if let Some(m) = &u.message {
-                    println!("user: {m}");
+                    out::line(&format!("user: {m}"));
                 }
             }
             Turn::Agent(a) => {
                 agent_turn += 1;
-                println!(
+                out::line(&format!(
                     "agent (turn {agent_turn}): {}",
                     a.text.as_deref().unwrap_or("")
-                );
+                ));
                 for (i, c) in a.tool_calls.iter().enumerate() {
-                    println!("  call t{agent_turn}-c{i} {}({})", c.name, c.arguments);
+                    out::line(&format!(
+                        "  call t{agent_turn}-c{i} {}({})",
+                        c.name, c.arguments
+                    ));
                 }
             }
         }
@@ -324,12 +328,12 @@ fn print_conversation(state: &SessionState) {
             (None, Some(w)) => format!("waits for {}", waiting_for_text(w)),
             (None, None) => format!("{:?}", c.state),
         };
-        println!(
+        out::line(&format!(
             "  open {} {} [{}] {what}",
             c.id,
             c.call.name,
             c.policy.disposition.name()
-        );
+        ));
     }
 }
 
@@ -351,17 +355,17 @@ pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Res
         })
         .collect();
     if out.json {
-        println!("{}", serde_json::to_string(&waiting)?);
+        out::line(&format!("{}", serde_json::to_string(&waiting)?));
         return Ok(ExitCode::SUCCESS);
     }
     if waiting.is_empty() {
-        println!(
+        out::line(&format!(
             "session {id} has no pending calls ({:?})",
             record.state.phase
-        );
+        ));
     }
     for p in waiting {
-        println!(
+        out::line(&format!(
             "{}  {} ({}) waits for {}{}\n  $ {}",
             p.token,
             p.tool,
@@ -369,7 +373,7 @@ pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Res
             p.waiting_for.map(waiting_for_text).unwrap_or("?"),
             p.reason.map(|r| format!(": {r}")).unwrap_or_default(),
             p.command
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -433,21 +437,24 @@ pub async fn complete(
         .await?
     {
         WriteOnce::Recorded => {
-            println!("completed {token} ({})", record.spec.tool_call.name);
+            out::line(&format!(
+                "completed {token} ({})",
+                record.spec.tool_call.name
+            ));
             print_next_step(&store, &session, store_url).await?;
             Ok(ExitCode::SUCCESS)
         }
         WriteOnce::AlreadySame { by, .. } => {
-            println!(
+            out::line(&format!(
                 "{token} was already completed by {by} with this same result; nothing changed"
-            );
+            ));
             Ok(ExitCode::SUCCESS)
         }
         WriteOnce::AlreadyDifferent { by, at } => {
-            eprintln!(
+            out::err_line(&format!(
                 "error: {token} is already completed (by {by} at {}); its result cannot change, this one was not recorded",
                 format_millis(at.0)
-            );
+            ));
             Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
         }
     }
@@ -471,11 +478,11 @@ async fn print_next_step<S: Store>(
         format!(" {flag}")
     };
     if open == 0 {
-        println!(
+        out::line(&format!(
             "no call of session {session} waits any more: agents session resume {session}{flag}"
-        );
+        ));
     } else {
-        println!("{open} call(s) of session {session} still wait (agents session pending {session}{flag})");
+        out::line(&format!("{open} call(s) of session {session} still wait (agents session pending {session}{flag})"));
     }
     Ok(())
 }
@@ -503,25 +510,27 @@ pub async fn decide(
     let word = if approved { "approved" } else { "denied" };
     match store.decide_continuation(&token, &decision).await? {
         WriteOnce::Recorded => {
-            println!("{word} {token} ({})", record.spec.tool_call.name);
+            out::line(&format!("{word} {token} ({})", record.spec.tool_call.name));
             let session = &record.spec.session;
             let flag = store_flag(store_url);
-            println!(
+            out::line(&format!(
                 "it takes effect when the session runs: agents session resume {session}{}",
                 if flag.is_empty() {
                     flag
                 } else {
                     format!(" {flag}")
                 }
-            );
+            ));
             Ok(ExitCode::SUCCESS)
         }
         WriteOnce::AlreadySame { by, .. } => {
-            println!("{token} was already {word} by {by}; nothing changed");
+            out::line(&format!(
+                "{token} was already {word} by {by}; nothing changed"
+            ));
             Ok(ExitCode::SUCCESS)
         }
         WriteOnce::AlreadyDifferent { by, .. } => {
-            eprintln!("error: {token} was already decided the other way by {by}; a decision cannot change");
+            out::err_line(&format!("error: {token} was already decided the other way by {by}; a decision cannot change"));
             Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
         }
     }
@@ -542,7 +551,7 @@ pub async fn run_isolated(
     let (_, _, mut agent) = load_agent(&store, &id).await?;
     let records = store.session_continuations(&id).await?;
     if driver::isolated_work(&records).is_empty() {
-        println!("session {id} has no isolated call waiting to run");
+        out::line(&format!("session {id} has no isolated call waiting to run"));
         return Ok(ExitCode::SUCCESS);
     }
     agent.config.default_tool_timeout_secs = timeout_seconds;

@@ -83,6 +83,12 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
             .get("spec")
             .cloned()
             .ok_or_else(|| invalid(format!("{kind} {name} has no spec")))?;
+        if kind == "Session" || kind == "Agent" {
+            // The cluster refuses such names too; here they would also end
+            // up in printed commands and continuation tokens.
+            crate::core::ids::validate_name(kind, &name)
+                .map_err(|e| invalid(format!("metadata.name: {e}")))?;
+        }
         match kind {
             "Session" => {
                 sessions.push((name, strict::<SessionSpec>(spec, "spec").map_err(invalid)?))
@@ -218,7 +224,11 @@ fn tool_def(t: &ToolSpec) -> ToolDef {
             function: b.function.clone(),
         }
     } else if let Some(h) = &t.http {
-        ToolKind::Http { url: h.url.clone() }
+        ToolKind::Http {
+            url: h.url.clone(),
+            // Fed by the tool's `headers` once the API carries them.
+            headers: Vec::new(),
+        }
     } else {
         ToolKind::Container
     };
@@ -336,6 +346,21 @@ spec:
         let missing_agent = GOOD.replace("agentRef: {name: helper}", "agentRef: {name: other}");
         let e = parse(&missing_agent, "f.yaml").unwrap_err().to_string();
         assert!(e.contains("not in this file"), "{e}");
+        let bad_name = GOOD.replace(
+            "{name: s1}",
+            "{name: 'x;touch PWNED;$(touch PWNED2)/../../y'}",
+        );
+        let e = parse(&bad_name, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("document 2")
+                && e.contains("metadata.name")
+                && e.contains("Session name \"x;touch PWNED;$(touch PWNED2)/../../y\"")
+                && e.contains("DNS-1123"),
+            "{e}"
+        );
+        let bad_agent = GOOD.replace("{name: helper}", "{name: Helper}");
+        let e = parse(&bad_agent, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("Agent name \"Helper\""), "{e}");
         let e = parse("kind: [", "f.yaml").unwrap_err().to_string();
         assert!(e.contains("f.yaml"), "{e}");
     }

@@ -4,7 +4,7 @@
 //! [`crate::engine`]; this file only adapts and loops.
 
 use super::definition::RunnableAgent;
-use super::progress::{PendingCall, Progress};
+use super::progress::{shell_quote, PendingCall, Progress};
 use crate::core::envelope::CallEnvelope;
 use crate::core::{
     AgentTurn, Disposition, Millis, SessionId, SessionState, ToolCall, ToolResult, WaitingFor,
@@ -272,14 +272,16 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
         .filter(|c| !(roles.isolated && c.waiting_for == Some(WaitingFor::Isolated)))
         .filter_map(|c| {
             let token = c.token.clone()?;
+            // Names are checked, but a printed command is always quoted.
+            let (token_q, sid_q) = (shell_quote(&token.0), shell_quote(&sid.0));
             let command = match (c.waiting_for, &c.policy.disposition) {
                 (Some(WaitingFor::Approval), _) => format!(
-                    "agents session approve {token}{flag}   (or: agents session deny {token} --reason ...{flag})"
+                    "agents session approve {token_q}{flag}   (or: agents session deny {token_q} --reason ...{flag})"
                 ),
                 (Some(WaitingFor::Isolated), Disposition::RunIsolated { .. }) => {
-                    format!("agents session run-isolated {sid}{flag}")
+                    format!("agents session run-isolated {sid_q}{flag}")
                 }
-                _ => format!("agents session complete {token} --text RESULT{flag}"),
+                _ => format!("agents session complete {token_q} --text RESULT{flag}"),
             };
             Some(PendingCall {
                 token: token.0,

@@ -129,6 +129,17 @@ impl Progress {
         }
     }
 
+    /// Prints this event as one line (text or JSON) on stdout. A closed
+    /// stdout (`agents run ... | head -1`) is ignored: output never stops
+    /// the engine.
+    pub fn emit(&self, json: bool) {
+        if json {
+            crate::cli::out::line(&serde_json::to_string(self).expect("progress serialises"));
+        } else {
+            crate::cli::out::line(&self.to_text());
+        }
+    }
+
     /// The terminal rendering.
     pub fn to_text(&self) -> String {
         match self {
@@ -201,19 +212,34 @@ impl Progress {
                         seen.push(p.command.clone());
                     }
                 }
-                out.push_str(&format!("\nthen: agents session resume {session}"));
+                out.push_str(&format!(
+                    "\nthen: agents session resume {}",
+                    shell_quote(session)
+                ));
                 out
             }
             Progress::Finished { session, answer } => {
                 format!("session {session} succeeded.\nanswer: {answer}")
             }
             Progress::Failed { session, reason } => format!("session {session} failed: {reason}"),
-            Progress::Paused { session } => {
-                format!("session {session} is paused; `agents session resume {session}` goes on")
-            }
+            Progress::Paused { session } => format!(
+                "session {session} is paused; `agents session resume {}` goes on",
+                shell_quote(session)
+            ),
             Progress::Note { message, .. } => format!("note: {message}"),
         }
     }
+}
+
+/// Quotes `s` for a POSIX shell, so a printed command can be copied and
+/// run as is: bare when it holds only characters no shell treats
+/// specially, else in single quotes with each `'` written as `'\''`.
+pub fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 pub fn waiting_for_text(w: WaitingFor) -> &'static str {
@@ -231,5 +257,64 @@ fn one_line(s: &str, max: usize) -> String {
         flat
     } else {
         format!("{}…", flat.chars().take(max).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_leaves_plain_words_and_quotes_the_rest() {
+        assert_eq!(shell_quote("demo-t1-c0"), "demo-t1-c0");
+        assert_eq!(shell_quote("sqlite:./a/agents.db"), "sqlite:./a/agents.db");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(
+            shell_quote("x;touch PWNED;$(touch PWNED2)"),
+            "'x;touch PWNED;$(touch PWNED2)'"
+        );
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn a_shell_reads_back_exactly_what_was_quoted() {
+        for s in [
+            "plain",
+            "a b",
+            "it's",
+            "$(touch x)`y`",
+            "'",
+            "\\n\"\\",
+            "~*?[]{}!#&|<>",
+        ] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_quote(s)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn printed_resume_commands_are_quoted() {
+        let p = Progress::Paused {
+            session: "a b".into(),
+        };
+        assert!(
+            p.to_text().contains("agents session resume 'a b'"),
+            "{}",
+            p.to_text()
+        );
+        let y = Progress::Yielded {
+            session: "a;b".into(),
+            pending: vec![],
+        };
+        assert!(
+            y.to_text().ends_with("agents session resume 'a;b'"),
+            "{}",
+            y.to_text()
+        );
     }
 }

@@ -110,6 +110,30 @@ impl ContinuationRecord {
     pub fn is_completed(&self) -> bool {
         self.result.is_some()
     }
+
+    /// Why this continuation refuses `result` from `by`, or `None` when it
+    /// takes it. A call that waits for an approval takes a result only
+    /// once approved: before a decision there is nothing to complete, and
+    /// after a denial the model has been told it was denied. The engine's
+    /// own records stay accepted: anything written as [`ENGINE_BY`] (e.g.
+    /// an approval that timed out) and the denial's own result
+    /// ([`denial_result`]), which the engine writes under the decider's name.
+    pub fn not_accepting(&self, result: &ToolResult, by: &str) -> Option<String> {
+        if by == ENGINE_BY {
+            return None;
+        }
+        let token = self.token();
+        match &self.decision {
+            None if self.spec.waiting_for == crate::core::WaitingFor::Approval => Some(format!(
+                "it waits for an approval, and nobody has decided yet; approve it first (`agents session approve {token}`; the call then runs per its policy) or deny it (`agents session deny {token}`)"
+            )),
+            Some(d) if !d.approved && result != &denial_result(d) => Some(format!(
+                "it was denied by {}, and the model is told that it was denied; a denied call takes no result",
+                d.by
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// The answer to a write-once write (a result or a decision).
@@ -159,8 +183,34 @@ pub enum StoreError {
         "stored data for {what} cannot be read ({why}); the store may have been edited by hand"
     )]
     Corrupt { what: String, why: String },
+    /// This process may read the store but not write it.
+    #[error("the store {path} is read-only for this user (no write access to the file or its directory): reading works, but this command writes; run it as a user who can write the store")]
+    ReadOnly { path: String },
+    /// `--store sqlite:nope/x/agents.db` where `nope/x` does not exist.
+    #[error("the store {path} cannot be opened: the directory {dir} does not exist; create that directory first, or give another path with --store sqlite:PATH")]
+    NoDirectory { path: String, dir: String },
+    /// The continuation takes no result now (see [`ContinuationRecord::not_accepting`]).
+    #[error("{token} does not accept a result: {why}")]
+    NotAccepting {
+        token: ContinuationToken,
+        why: String,
+    },
     #[error("store error: {0}")]
     Backend(String),
+}
+
+/// Who the engine writes as when it records a result itself (a timeout,
+/// a runner's final result after retries); no person or worker may use it.
+pub const ENGINE_BY: &str = "agents";
+
+/// The error result the model is given for a denied call: exactly what
+/// the core records for the denial (a test in the sqlite store checks it
+/// against the core).
+pub fn denial_result(decision: &Decision) -> ToolResult {
+    ToolResult::error(match &decision.reason {
+        Some(r) => format!("denied by {}: {r}", decision.by),
+        None => format!("denied by {}", decision.by),
+    })
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -64,12 +64,15 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
     busy_timeout: Duration,
+    /// Opened read-only: every write is refused with [`StoreError::ReadOnly`].
+    read_only: bool,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` and applies pending
     /// migrations. Refuses files that are not SQLite or belong to another
-    /// application, rather than writing into them.
+    /// application, rather than writing into them. A store this user
+    /// cannot write (the file or its directory) is opened read-only.
     pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
         Self::open_with_timeout(path, busy_timeout_from_env())
     }
@@ -77,14 +80,33 @@ impl SqliteStore {
     pub fn open_with_timeout(path: impl AsRef<Path>, busy_timeout: Duration) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         let display = path.display().to_string();
-        let conn = Connection::open(&path).map_err(|e| StoreError::NotAStore {
-            path: display.clone(),
-            why: e.to_string(),
-        })?;
+        let dir = parent_dir(&path);
+        if !dir.is_dir() {
+            return Err(StoreError::NoDirectory {
+                path: display,
+                dir: dir.display().to_string(),
+            });
+        }
+        if path.exists() && !(writable(&path) && writable(&dir)) {
+            return Self::open_read_only_with_timeout(&path, busy_timeout);
+        }
+        let conn = match Connection::open(&path) {
+            Ok(c) => c,
+            Err(_) if path.exists() => {
+                return Self::open_read_only_with_timeout(&path, busy_timeout)
+            }
+            Err(e) => {
+                return Err(StoreError::NotAStore {
+                    path: display,
+                    why: e.to_string(),
+                })
+            }
+        };
         let store = SqliteStore {
             conn: Mutex::new(conn),
             path,
             busy_timeout,
+            read_only: false,
         };
         let started = std::time::Instant::now();
         loop {
@@ -95,9 +117,98 @@ impl SqliteStore {
                 Err(StoreError::Locked { .. }) if started.elapsed() < busy_timeout => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
+                // Writable by its mode but not in fact (a read-only mount).
+                Err(StoreError::ReadOnly { .. }) => {
+                    drop(store);
+                    return Self::open_read_only_with_timeout(&display, busy_timeout);
+                }
                 other => return other.map(|_| store),
             }
         }
+    }
+
+    /// Opens an existing store for reading only; writes are refused with
+    /// [`StoreError::ReadOnly`]. Nothing is created beside the file: when
+    /// no other process has the store open (no `-shm` file), the file is
+    /// read as it is (`immutable=1`), since a WAL reader would otherwise
+    /// create `-shm`/`-wal` files in a directory that is not ours, or fail
+    /// where it cannot; a writer that starts during such a read may make
+    /// it fail (run it again), which a short read like `list` accepts.
+    /// With a writer at work, its `-shm` is shared (`mode=ro`) and reads
+    /// see its commits.
+    pub fn open_read_only(path: impl AsRef<Path>) -> StoreResult<Self> {
+        Self::open_read_only_with_timeout(path, busy_timeout_from_env())
+    }
+
+    fn open_read_only_with_timeout(
+        path: impl AsRef<Path>,
+        busy_timeout: Duration,
+    ) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        let mut shm = path.clone().into_os_string();
+        shm.push("-shm");
+        let shared = Path::new(&shm).exists();
+        // Sharing a writer's `-shm` can still fail (it may vanish as the
+        // writer closes): then read the file as it is.
+        let attempts: &[bool] = if shared { &[false, true] } else { &[true] };
+        let mut last = None;
+        for &immutable in attempts {
+            let uri = file_uri(&path, immutable);
+            let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                | rusqlite::OpenFlags::SQLITE_OPEN_URI
+                | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let conn =
+                Connection::open_with_flags(&uri, flags).map_err(|e| StoreError::NotAStore {
+                    path: path.display().to_string(),
+                    why: e.to_string(),
+                })?;
+            let store = SqliteStore {
+                conn: Mutex::new(conn),
+                path: path.clone(),
+                busy_timeout,
+                read_only: true,
+            };
+            match store.init_read_only() {
+                Ok(()) => return Ok(store),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    /// True when this store refuses writes.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn init_read_only(&self) -> StoreResult<()> {
+        let conn = self.conn.lock().expect("store mutex");
+        let err = |e| self.map_err(e);
+        conn.busy_timeout(self.busy_timeout).map_err(err)?;
+        let tx = conn.unchecked_transaction().map_err(err)?;
+        let header = self.header(&tx)?;
+        tx.commit().map_err(err)?;
+        let known = MIGRATIONS.len() as i64;
+        if header.user_version < known {
+            return Err(StoreError::NotAStore {
+                path: self.path.display().to_string(),
+                why: format!(
+                    "it is read-only for this user and has schema version {} where this build needs {known}; open it once as a user who can write it, which upgrades it",
+                    header.user_version
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a write up front on a read-only store.
+    fn writable(&self) -> StoreResult<()> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly {
+                path: self.path.display().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// `sqlite:PATH`, or a bare path.
@@ -195,6 +306,7 @@ impl SqliteStore {
                 path,
                 why: "the database file is corrupt".into(),
             },
+            Some(ErrorCode::ReadOnly) => StoreError::ReadOnly { path },
             _ => StoreError::Backend(e.to_string()),
         }
     }
@@ -220,6 +332,53 @@ impl SqliteStore {
             }
         }
     }
+}
+
+/// What the transaction of `complete_continuation` found.
+enum Completion {
+    Unknown,
+    Refused(String),
+    Recorded,
+    /// Already completed (or unreadable): compared outside the lock.
+    Existing(Box<StoreResult<ContinuationRecord>>),
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Whether this process may write `path` (access(2): mode bits, ACLs, a
+/// read-only mount; root passes the mode bits).
+fn writable(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string for the call's duration.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// A `file:` URI for a read-only open; characters URIs reserve are escaped.
+fn file_uri(path: &Path, immutable: bool) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str(if immutable {
+        "?immutable=1"
+    } else {
+        "?mode=ro"
+    });
+    uri
 }
 
 fn busy_timeout_from_env() -> Duration {
@@ -322,6 +481,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     async fn create_session(&self, record: SessionRecord) -> StoreResult<Version> {
+        self.writable()?;
         let id = record.state.id.clone();
         let inserted = self.with(|c| {
             c.execute(
@@ -368,6 +528,7 @@ impl Store for SqliteStore {
         record: &SessionRecord,
         expected: &Version,
     ) -> StoreResult<Version> {
+        self.writable()?;
         let id = &record.state.id;
         let expected_n = version_number(expected);
         let changed = self.with(|c| {
@@ -425,6 +586,7 @@ impl Store for SqliteStore {
         spec: &ContinuationSpec,
         now: Millis,
     ) -> StoreResult<ContinuationRecord> {
+        self.writable()?;
         let spec_json = to_json(spec);
         self.with(|c| {
             let tx = c.transaction()?;
@@ -480,22 +642,53 @@ impl Store for SqliteStore {
         by: &str,
         now: Millis,
     ) -> StoreResult<WriteOnce> {
+        self.writable()?;
         let text = to_json(result);
-        // One guarded UPDATE: SQLite serialises writers, so of two racing
-        // completions exactly one sees `result IS NULL`.
-        let changed = self.with(|c| {
-            c.execute(
-                "UPDATE continuations SET result = ?1, completed_by = ?2, completed_at = ?3
-                 WHERE token = ?4 AND result IS NULL",
-                params![text, by, now.0, token.0],
-            )
+        // Checked and written in one IMMEDIATE transaction: a decision
+        // written by another process between our check and our write would
+        // otherwise slip past (e.g. a denial racing a result). SQLite
+        // serialises writers, so of two racing completions exactly one
+        // sees `result IS NULL`.
+        let outcome = self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let Some(row) = tx
+                .query_row(
+                    &format!("SELECT {CONTINUATION_COLUMNS} FROM continuations WHERE token = ?1"),
+                    [&token.0],
+                    load_continuation,
+                )
+                .optional()?
+            else {
+                return Ok(Completion::Unknown);
+            };
+            let existing = continuation_from_row(row);
+            if let Ok(rec) = &existing {
+                if rec.result.is_none() {
+                    if let Some(why) = rec.not_accepting(result, by) {
+                        return Ok(Completion::Refused(why));
+                    }
+                    tx.execute(
+                        "UPDATE continuations SET result = ?1, completed_by = ?2, completed_at = ?3
+                         WHERE token = ?4 AND result IS NULL",
+                        params![text, by, now.0, token.0],
+                    )?;
+                    tx.commit()?;
+                    return Ok(Completion::Recorded);
+                }
+            }
+            Ok(Completion::Existing(Box::new(existing)))
         })?;
-        if changed == 1 {
-            return Ok(WriteOnce::Recorded);
-        }
-        let existing = self
-            .get_continuation_now(token)?
-            .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+        let existing = match outcome {
+            Completion::Unknown => return Err(StoreError::UnknownToken(token.clone())),
+            Completion::Refused(why) => {
+                return Err(StoreError::NotAccepting {
+                    token: token.clone(),
+                    why,
+                })
+            }
+            Completion::Recorded => return Ok(WriteOnce::Recorded),
+            Completion::Existing(existing) => (*existing)?,
+        };
         let by = existing.completed_by.clone().unwrap_or_default();
         let at = existing.completed_at.unwrap_or_default();
         Ok(if existing.result.as_ref() == Some(result) {
@@ -510,6 +703,7 @@ impl Store for SqliteStore {
         token: &ContinuationToken,
         decision: &Decision,
     ) -> StoreResult<WriteOnce> {
+        self.writable()?;
         let changed = self.with(|c| {
             c.execute(
                 "UPDATE continuations SET decision = ?1 WHERE token = ?2 AND decision IS NULL",
@@ -552,6 +746,7 @@ impl Store for SqliteStore {
     }
 
     async fn cache_put(&self, key: &CacheKey, result: &ToolResult, now: Millis) -> StoreResult<()> {
+        self.writable()?;
         self.with(|c| {
             c.execute(
                 "INSERT OR IGNORE INTO tool_cache (tool, arguments_sha256, result, created_at)
@@ -754,5 +949,244 @@ mod tests {
         let err = SqliteStore::open(&path).err().unwrap();
         assert!(err.to_string().contains("newer than this build"), "{err}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// A session whose model asks `ask` three times; each call waits for
+    /// an approval (and then for a person).
+    fn approval_session() -> (Session, Vec<ContinuationSpec>) {
+        let config = SessionConfig {
+            policy: Policy {
+                rules: vec![Rule {
+                    tool: "ask".into(),
+                    disposition: Disposition::Defer {
+                        reason: "a person".into(),
+                    },
+                    decorators: crate::core::Decorators {
+                        approval: true,
+                        ..Default::default()
+                    },
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut s = Session::new(SessionId("s2".into()), config);
+        s.handle(Event::UserMessage { text: "hi".into() }, Millis(1))
+            .unwrap();
+        let call = |i: u32| ToolCall {
+            model_call_id: format!("m{i}"),
+            name: "ask".into(),
+            arguments: format!(r#"{{"q":{i}}}"#),
+        };
+        s.handle(
+            Event::ModelReplied {
+                turn: AgentTurn {
+                    text: None,
+                    tool_calls: vec![call(0), call(1), call(2)],
+                    usage: Default::default(),
+                },
+            },
+            Millis(2),
+        )
+        .unwrap();
+        let specs = std::iter::from_fn(|| s.poll_action())
+            .filter_map(|a| match a {
+                Action::EnsureContinuation(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        (s, specs)
+    }
+
+    #[tokio::test]
+    async fn a_result_waits_for_an_approval_and_a_denied_call_takes_none() {
+        let path = temp_db("approval");
+        let store = SqliteStore::open(&path).unwrap();
+        let (mut session, specs) = approval_session();
+        store
+            .create_session(record(session.state().clone()))
+            .await
+            .unwrap();
+        for spec in &specs {
+            assert_eq!(spec.waiting_for, crate::core::WaitingFor::Approval);
+            store.ensure_continuation(spec, Millis(3)).await.unwrap();
+        }
+        let (denied, approved, timed_out) = (&specs[0].token, &specs[1].token, &specs[2].token);
+        let answer = ToolResult::text("blue");
+
+        // No decision yet: nothing to complete.
+        let err = store
+            .complete_continuation(denied, &answer, "bob", Millis(4))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::NotAccepting { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("waits for an approval")
+                && msg.contains(&format!("agents session approve {denied}")),
+            "{msg}"
+        );
+
+        // Denied: a person's result is refused, the model was told "denied".
+        let deny = Decision {
+            approved: false,
+            by: "carol".into(),
+            reason: Some("not now".into()),
+            at: Millis(5),
+        };
+        store.decide_continuation(denied, &deny).await.unwrap();
+        let err = store
+            .complete_continuation(denied, &answer, "bob", Millis(6))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("denied by carol")
+                && err.to_string().contains("takes no result"),
+            "{err}"
+        );
+        // ...but the engine's own record of the denial is taken: feed the
+        // decision to the core and write the result it asks to record.
+        session
+            .handle(
+                Event::Decide {
+                    token: denied.clone(),
+                    approved: false,
+                    by: deny.by.clone(),
+                    reason: deny.reason.clone(),
+                },
+                Millis(7),
+            )
+            .unwrap();
+        let (result, by) = std::iter::from_fn(|| session.poll_action())
+            .find_map(|a| match a {
+                Action::RecordResult { token, result, by } if &token == denied => {
+                    Some((result, by))
+                }
+                _ => None,
+            })
+            .expect("the core records the denial");
+        assert_eq!(
+            result,
+            crate::store::denial_result(&deny),
+            "the store knows the core's denial text"
+        );
+        assert_eq!(
+            store
+                .complete_continuation(denied, &result, &by, Millis(8))
+                .await
+                .unwrap(),
+            WriteOnce::Recorded
+        );
+
+        // Approved: the result is taken.
+        let approve = Decision {
+            approved: true,
+            ..deny.clone()
+        };
+        store.decide_continuation(approved, &approve).await.unwrap();
+        assert_eq!(
+            store
+                .complete_continuation(approved, &answer, "bob", Millis(9))
+                .await
+                .unwrap(),
+            WriteOnce::Recorded
+        );
+
+        // The engine's timeout of an undecided approval is its own record.
+        let timeout = ToolResult::error("timed out after 5s waiting for an approval");
+        assert_eq!(
+            store
+                .complete_continuation(timed_out, &timeout, ENGINE_BY, Millis(10))
+                .await
+                .unwrap(),
+            WriteOnce::Recorded
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn a_read_only_store_is_read_and_refuses_writes_by_name() {
+        let path = temp_db("ro");
+        let (state, specs) = waiting_session();
+        let writer = SqliteStore::open(&path).unwrap();
+        writer.create_session(record(state.clone())).await.unwrap();
+        writer
+            .ensure_continuation(&specs[0], Millis(3))
+            .await
+            .unwrap();
+
+        // Beside a writer (its -shm exists): shares it and sees its commits.
+        let shm = PathBuf::from(format!("{}-shm", path.display()));
+        assert!(shm.exists());
+        let reader = SqliteStore::open_read_only(&path).unwrap();
+        assert!(reader.is_read_only());
+        assert_eq!(reader.list_sessions().await.unwrap().len(), 1);
+        let mut paused = record(state.clone());
+        paused.state.paused = true;
+        writer
+            .save_session(&paused, &Version("1".into()))
+            .await
+            .unwrap();
+        assert!(reader.list_sessions().await.unwrap()[0].paused);
+
+        let err = reader
+            .create_session(record(state.clone()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
+        assert!(err.to_string().contains("read-only for this user"), "{err}");
+        assert!(matches!(
+            reader
+                .complete_continuation(&specs[0].token, &ToolResult::text("x"), "bob", Millis(4))
+                .await,
+            Err(StoreError::ReadOnly { .. })
+        ));
+        drop(reader);
+        drop(writer);
+
+        // Nobody has it open: read as it is, and nothing is created beside it.
+        assert!(!shm.exists());
+        let reader = SqliteStore::open_read_only(&path).unwrap();
+        let loaded = reader.load_session(&state.id).await.unwrap().unwrap();
+        assert!(loaded.value.state.paused);
+        assert_eq!(
+            reader.session_continuations(&state.id).await.unwrap().len(),
+            1
+        );
+        assert!(
+            !shm.exists(),
+            "a reader must not create files beside the store"
+        );
+        assert!(matches!(
+            reader
+                .cache_put(
+                    &crate::core::CacheKey {
+                        tool: "t".into(),
+                        arguments_sha256: "a".into()
+                    },
+                    &ToolResult::text("x"),
+                    Millis(1)
+                )
+                .await,
+            Err(StoreError::ReadOnly { .. })
+        ));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_missing_directory_is_named() {
+        let dir = std::env::temp_dir().join(format!(
+            "agents-nodir-{}-{}",
+            std::process::id(),
+            now_nanos()
+        ));
+        let path = dir.join("x/agents.db");
+        let err = SqliteStore::open(&path).err().unwrap();
+        assert!(matches!(err, StoreError::NoDirectory { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("does not exist") && msg.contains(&dir.join("x").display().to_string()),
+            "{msg}"
+        );
     }
 }

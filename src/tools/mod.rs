@@ -2,6 +2,7 @@
 //! (`runAsync`): builtins for tests and demos, and the `http` kind.
 //! Container tools never run here; they go to a runner (`crate::runner`).
 
+use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -31,6 +32,9 @@ pub enum ToolKind {
     /// The arguments are POSTed as JSON; the response body is the result.
     Http {
         url: String,
+        /// The only headers sent besides `Content-Type` and
+        /// `Idempotency-Key`: literal values, or secrets by reference.
+        headers: Vec<EnvVarSpec>,
     },
     /// Runs only isolated, through a runner.
     Container,
@@ -45,8 +49,17 @@ pub struct ToolDef {
     pub kind: ToolKind,
 }
 
+/// Headers the runtime sets itself; a definition cannot replace them.
+const RESERVED_HEADERS: &[&str] = &["content-type", "idempotency-key", "content-length", "host"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
+    #[error("tool {tool:?}: header {header:?}: {why}")]
+    BadHeader {
+        tool: String,
+        header: String,
+        why: String,
+    },
     #[error("tool {tool:?} uses builtin {function:?}, which does not exist; builtins: {known}")]
     UnknownBuiltin {
         tool: String,
@@ -79,6 +92,15 @@ impl Toolbox {
                             .collect::<Vec<_>>()
                             .join(", "),
                     });
+                }
+            }
+            if let ToolKind::Http { headers, .. } = &def.kind {
+                for h in headers {
+                    check_header(h).map_err(|why| ToolError::BadHeader {
+                        tool: def.name.clone(),
+                        header: h.name.clone(),
+                        why,
+                    })?;
                 }
             }
             tools.insert(def.name.clone(), def);
@@ -125,7 +147,12 @@ impl Toolbox {
         let work = async {
             match &def.kind {
                 ToolKind::Builtin { function } => builtin(function, &args).await,
-                ToolKind::Http { url } => self.http_call(url, &args, idempotency_key).await,
+                ToolKind::Http { url, headers } => {
+                    self.http_call(url, headers, &args, idempotency_key, &|k| {
+                        std::env::var(k).ok()
+                    })
+                    .await
+                }
                 ToolKind::Container => ToolResult::error(format!(
                     "tool {:?} is a container tool; it runs only isolated",
                     call.name
@@ -140,23 +167,40 @@ impl Toolbox {
         }
     }
 
+    /// POSTs `args`; `lookup` reads the worker's environment, asked only
+    /// for the secrets the definition's headers name.
     async fn http_call(
         &self,
         url: &str,
+        headers: &[EnvVarSpec],
         args: &Map<String, Value>,
         idempotency_key: &str,
+        lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> ToolResult {
         let client = match &self.http {
             Some(c) => c.clone(),
             None => reqwest::Client::new(),
         };
-        let response = client
+        let mut request = client
             .post(url)
             // Lets the service drop a repeated delivery of the same call.
-            .header("Idempotency-Key", idempotency_key)
-            .json(args)
-            .send()
-            .await;
+            .header("Idempotency-Key", idempotency_key);
+        for h in headers {
+            let value = match h.resolve(lookup) {
+                Ok(v) => v,
+                Err(e) => return ToolResult::error(format!("header {e}")),
+            };
+            let Ok(mut value) = reqwest::header::HeaderValue::from_str(&value) else {
+                return ToolResult::error(format!(
+                    "header {:?}: its value is not a valid HTTP header value",
+                    h.name
+                ));
+            };
+            // Kept out of debug output and stripped on cross-host redirects.
+            value.set_sensitive(h.secret.is_some());
+            request = request.header(h.name.as_str(), value);
+        }
+        let response = request.json(args).send().await;
         let response = match response {
             Ok(r) => r,
             Err(e) => return ToolResult::error(format!("POST {url} failed: {e}")),
@@ -182,6 +226,18 @@ impl Toolbox {
         }
         ToolResult::text(body)
     }
+}
+
+fn check_header(h: &EnvVarSpec) -> Result<(), String> {
+    reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
+        .map_err(|_| "not a valid HTTP header name".to_string())?;
+    if RESERVED_HEADERS.contains(&h.name.to_ascii_lowercase().as_str()) {
+        return Err("set by the runtime itself; remove it".into());
+    }
+    if h.value.is_some() == h.secret.is_some() {
+        return Err("give exactly one of value and secret".into());
+    }
+    Ok(())
 }
 
 async fn builtin(function: &str, args: &Map<String, Value>) -> ToolResult {
@@ -310,5 +366,115 @@ mod tests {
         }])
         .unwrap_err();
         assert!(err.to_string().contains("builtins: echo, add"), "{err}");
+    }
+
+    /// One HTTP request, read raw on a loopback socket; answers `ok`.
+    async fn capture_one_request() -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/tool", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Headers end at a blank line; the small JSON body follows.
+            while !String::from_utf8_lossy(&buf).contains("\r\n\r\n{") {
+                let n = sock.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&buf).to_lowercase()
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn http_tools_send_only_the_headers_their_definition_names() {
+        use crate::core::policy::SecretKeyRef;
+        let (url, seen) = capture_one_request().await;
+        let headers = vec![
+            EnvVarSpec {
+                name: "X-Team".into(),
+                value: Some("blue".into()),
+                ..Default::default()
+            },
+            EnvVarSpec {
+                name: "Authorization".into(),
+                secret: Some(SecretKeyRef {
+                    name: "svc".into(),
+                    key: "token".into(),
+                }),
+                ..Default::default()
+            },
+        ];
+        let lookup =
+            |k: &str| (k == "AGENTS_SECRET_SVC_TOKEN").then(|| "Bearer s3cret".to_string());
+        let args = Map::new();
+        let result = Toolbox::default()
+            .http_call(&url, &headers, &args, "s/t1-c0", &lookup)
+            .await;
+        assert_eq!(result, ToolResult::text("ok"));
+        let request = seen.await.unwrap();
+        let names: Vec<&str> = request
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.split_once(':').map(|(n, _)| n))
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            [
+                "accept",
+                "authorization",
+                "content-length",
+                "content-type",
+                "host",
+                "idempotency-key",
+                "x-team"
+            ],
+            "{request}"
+        );
+        assert!(
+            request.contains("x-team: blue") && request.contains("authorization: bearer s3cret")
+        );
+        // A secret the worker does not have is a tool error naming it.
+        let missing = Toolbox::default()
+            .http_call(&url, &headers, &args, "k", &|_| None)
+            .await;
+        assert!(
+            matches!(&missing, ToolResult::Error { message } if message.contains("AGENTS_SECRET_SVC_TOKEN")),
+            "{missing:?}"
+        );
+    }
+
+    #[test]
+    fn bad_or_reserved_headers_are_refused_at_load_time() {
+        let with = |name: &str| {
+            Toolbox::new(vec![ToolDef {
+                name: "h".into(),
+                description: String::new(),
+                parameters: None,
+                kind: ToolKind::Http {
+                    url: "http://127.0.0.1:1/".into(),
+                    headers: vec![EnvVarSpec {
+                        name: name.into(),
+                        value: Some("v".into()),
+                        ..Default::default()
+                    }],
+                },
+            }])
+        };
+        assert!(with("X-Ok").is_ok());
+        let e = with("Bad Header").unwrap_err().to_string();
+        assert!(e.contains("not a valid HTTP header name"), "{e}");
+        let e = with("Idempotency-Key").unwrap_err().to_string();
+        assert!(e.contains("set by the runtime"), "{e}");
     }
 }
