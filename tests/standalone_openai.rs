@@ -232,7 +232,15 @@ spec:
     );
     let seen = seen.lock().unwrap();
     assert_eq!(seen.bodies[0]["city"], "Oslo");
-    assert_eq!(seen.idempotency_keys, ["weather/t1-c0", "weather/t1-c1"]);
+    // namespace (none standalone) / session / the session's unique id / call
+    let keys = &seen.idempotency_keys;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let parts: Vec<Vec<&str>> = keys.iter().map(|k| k.split('/').collect()).collect();
+    assert_eq!(parts[0][..2], ["-", "weather"], "{keys:?}");
+    assert_eq!(parts[0][3], "t1-c0");
+    assert_eq!(parts[1][3], "t1-c1");
+    assert!(parts[0][2].len() >= 32, "a unique session id: {keys:?}");
+    assert_eq!(parts[0][2], parts[1][2], "one session, one id");
 }
 
 const KEY: &str = "sk-test-123";

@@ -241,7 +241,7 @@ pub async fn list(store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
     let store = open_store(store_url)?;
     let sessions = store.list_sessions().await?;
     if out.json {
-        out::line(&format!("{}", serde_json::to_string(&sessions)?));
+        out::line(&serde_json::to_string(&sessions)?);
         return Ok(ExitCode::SUCCESS);
     }
     out::line(&format!(
@@ -355,7 +355,7 @@ pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Res
         })
         .collect();
     if out.json {
-        out::line(&format!("{}", serde_json::to_string(&waiting)?));
+        out::line(&serde_json::to_string(&waiting)?);
         return Ok(ExitCode::SUCCESS);
     }
     if waiting.is_empty() {
