@@ -1,14 +1,17 @@
 //! The CRDs on a real API server: the quickstart Session is accepted, the
-//! CEL rules refuse bad specs with their messages, and a Continuation's
-//! result is written once (a second, different result is refused by the
-//! API server; another field manager's status writes leave it alone).
+//! CEL rules refuse bad specs with their messages, `spec.messages` is
+//! append-only element by element, a Continuation's spec never changes and
+//! its outcome and decision are each written once, a success result waits
+//! for approval, typos are refused by `kubectl apply`, the `agents-exe`
+//! category lists the three kinds while `kubectl get agents` lists Agents,
+//! and an Agent reports conditions in its status.
 //! Skipped without a cluster unless AGENTS_REQUIRE_CLUSTER=1.
 
 mod support;
 
-use agents::api::continuation::ContinuationState;
+use agents::api::continuation::{ContinuationState, DecisionStatus, OutcomeStatus};
 use agents::api::convert;
-use agents::api::{Continuation, ContinuationStatus, Session};
+use agents::api::{Agent, Continuation, ContinuationStatus, Session};
 use agents::core::session::ContinuationSpec as CoreContinuationSpec;
 use agents::core::*;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -85,10 +88,43 @@ async fn sessions_are_validated_by_the_api_server() {
         .unwrap_err(),
     );
     assert!(msg.contains("append-only"), "{msg}");
+    // Same length, an earlier message changed: refused too.
+    let edit =
+        json!({"spec": {"messages": ["Check the weather and nothing else.", "And the time?"]}});
+    let msg = refusal(
+        api.patch("quickstart", &PatchParams::default(), &Patch::Merge(&edit))
+            .await
+            .unwrap_err(),
+    );
+    assert!(msg.contains("append-only"), "{msg}");
+    let stored = api.get("quickstart").await.unwrap();
+    assert_eq!(
+        stored.spec.messages[0],
+        "Check the weather, tell ops, and report disk usage."
+    );
+
+    // spec.retry only goes up.
+    for (retry, ok) in [(1, true), (2, true), (1, false)] {
+        let r = api
+            .patch(
+                "quickstart",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"retry": retry}})),
+            )
+            .await;
+        match (r, ok) {
+            (Ok(_), true) => {}
+            (Err(e), false) => {
+                let msg = refusal(e);
+                assert!(msg.contains("spec.retry only goes up"), "{msg}");
+            }
+            (r, _) => panic!("retry {retry}: expected ok={ok}, got {:?}", r.map(|_| ())),
+        }
+    }
     ns.delete(&client).await;
 }
 
-fn continuation(token: &ContinuationToken) -> Continuation {
+fn continuation(token: &ContinuationToken, approval: bool) -> Continuation {
     let session = SessionId("quickstart".into());
     let call = CallId::new(1, 1);
     let core = CoreContinuationSpec {
@@ -104,9 +140,17 @@ fn continuation(token: &ContinuationToken) -> Continuation {
             disposition: Disposition::Defer {
                 reason: "a person sends emails".into(),
             },
+            decorators: agents::core::policy::Decorators {
+                approval,
+                ..Default::default()
+            },
             ..Default::default()
         },
-        waiting_for: WaitingFor::External,
+        waiting_for: if approval {
+            WaitingFor::Approval
+        } else {
+            WaitingFor::External
+        },
         reason: Some("a person sends emails".into()),
         context: agents::core::envelope::ContextSnapshot {
             session,
@@ -122,16 +166,29 @@ fn continuation(token: &ContinuationToken) -> Continuation {
     Continuation::new(token.as_str(), convert::continuation_spec(&core))
 }
 
-fn result_patch(result: &ToolResult, by: &str) -> serde_json::Value {
+fn outcome_patch(result: &ToolResult, by: &str, at: &str) -> serde_json::Value {
     json!({"status": {
         "state": "Completed",
-        "result": convert::result_value(result),
-        "completedBy": by,
+        "outcome": {
+            "result": convert::result_value(result),
+            "completedBy": by,
+            "completedAt": at,
+        },
     }})
 }
 
+fn decision_patch(approved: bool, by: &str) -> serde_json::Value {
+    json!({"status": {"decision": {
+        "approved": approved,
+        "by": by,
+        "decidedAt": "2025-01-01T00:00:00Z",
+    }}})
+}
+
+const AT: &str = "2025-01-01T00:00:00Z";
+
 #[tokio::test]
-async fn a_continuation_result_is_written_once() {
+async fn a_continuation_outcome_is_written_once() {
     let Some(client) = support::cluster().await else {
         return;
     };
@@ -139,44 +196,100 @@ async fn a_continuation_result_is_written_once() {
     let ns = TestNamespace::create(&client, "crd-cont").await;
     let api: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
     let token = ContinuationToken::for_call(&SessionId("quickstart".into()), CallId::new(1, 1));
-    api.create(&PostParams::default(), &continuation(&token))
+    api.create(&PostParams::default(), &continuation(&token, false))
         .await
         .unwrap();
-
-    let sent = ToolResult::ok(ToolResponse::Json {
-        content: json!({"delivered": true, "ids": [1, 2]}),
-    });
     let pp = PatchParams::default();
+
+    // What the call waits for is status, written after creation.
     api.patch_status(
         token.as_str(),
         &pp,
-        &Patch::Merge(&result_patch(&sent, "alice")),
+        &Patch::Merge(
+            &json!({"status": {"waitingFor": "external", "reason": "a person sends emails"}}),
+        ),
     )
     .await
     .unwrap();
-    // The same result again is harmless.
-    api.patch_status(
-        token.as_str(),
-        &pp,
-        &Patch::Merge(&result_patch(&sent, "alice")),
-    )
-    .await
-    .unwrap();
-    // A different one is refused, with a message that says why.
-    let other = ToolResult::text("not sent");
+
+    // The spec never changes after creation.
     let msg = refusal(
-        api.patch_status(
+        api.patch(
             token.as_str(),
             &pp,
-            &Patch::Merge(&result_patch(&other, "bob")),
+            &Patch::Merge(
+                &json!({"spec": {"toolCall": {"arguments": "{\"to\":\"ceo@example.org\"}"}}}),
+            ),
         )
         .await
         .unwrap_err(),
     );
-    assert!(msg.contains("already completed"), "{msg}");
+    assert!(msg.contains("cannot change after creation"), "{msg}");
+
+    // Completed without an outcome (or the reverse) is refused.
+    let msg = refusal(
+        api.patch_status(
+            token.as_str(),
+            &pp,
+            &Patch::Merge(&json!({"status": {"state": "Completed"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(msg.contains("write them together"), "{msg}");
+    // A result that is not a tool result is refused.
+    let msg = refusal(
+        api.patch_status(
+            token.as_str(),
+            &pp,
+            &Patch::Merge(&json!({"status": {"state": "Completed", "outcome": {
+                "result": {"status": "error"}, "completedBy": "alice", "completedAt": AT}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(msg.contains("a result is {status: success"), "{msg}");
+
+    let sent = ToolResult::ok(ToolResponse::Json {
+        content: json!({"delivered": true, "ids": [1, 2]}),
+    });
+    api.patch_status(
+        token.as_str(),
+        &pp,
+        &Patch::Merge(&outcome_patch(&sent, "alice", AT)),
+    )
+    .await
+    .unwrap();
+    // The same outcome again is harmless.
+    api.patch_status(
+        token.as_str(),
+        &pp,
+        &Patch::Merge(&outcome_patch(&sent, "alice", AT)),
+    )
+    .await
+    .unwrap();
+    // A different result, another completedBy, another time, or removing
+    // the outcome: each refused, with a message that says why.
+    let other = ToolResult::ok(ToolResponse::Json {
+        content: json!({"delivered": true, "ids": [1, 3]}),
+    });
+    for patch in [
+        outcome_patch(&other, "alice", AT),
+        outcome_patch(&ToolResult::text("not sent"), "alice", AT),
+        outcome_patch(&sent, "bob", AT),
+        outcome_patch(&sent, "alice", "2025-01-01T00:00:01Z"),
+        json!({"status": {"state": "Pending", "outcome": null}}),
+    ] {
+        let msg = refusal(
+            api.patch_status(token.as_str(), &pp, &Patch::Merge(&patch))
+                .await
+                .unwrap_err(),
+        );
+        assert!(msg.contains("already completed"), "{patch}: {msg}");
+    }
 
     // Another writer's status fields (server-side apply, own field manager)
-    // do not clobber the result.
+    // do not clobber the outcome.
     let operator = json!({
         "apiVersion": "agents-exe.io/v1alpha1",
         "kind": "Continuation",
@@ -197,14 +310,334 @@ async fn a_continuation_result_is_written_once() {
         .unwrap();
     assert_eq!(stored.state, ContinuationState::Completed);
     assert_eq!(stored.attempts, 1);
-    assert_eq!(stored.completed_by.as_deref(), Some("alice"));
+    let OutcomeStatus {
+        result,
+        completed_by,
+        ..
+    } = stored.outcome.clone().unwrap();
+    assert_eq!(completed_by, "alice");
     assert_eq!(
-        convert::tool_result(stored.result.as_ref().unwrap(), "status.result").unwrap(),
+        convert::tool_result(&result, "status.outcome.result").unwrap(),
         sent
     );
-    // The stored spec maps back to the core's continuation.
+    // The stored spec and status map back to the core's continuation.
     let back = api.get(token.as_str()).await.unwrap();
-    let core = convert::core_continuation_spec(&token, &back.spec).unwrap();
+    let core = convert::core_continuation_spec(&token, &back.spec, back.status.as_ref()).unwrap();
     assert_eq!(core.waiting_for, WaitingFor::External);
+    assert_eq!(core.reason.as_deref(), Some("a person sends emails"));
+    ns.delete(&client).await;
+}
+
+#[tokio::test]
+async fn a_success_result_waits_for_the_approval() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-approval").await;
+    let api: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    let pp = PatchParams::default();
+    let sent = ToolResult::text("sent");
+    let create = |name: &str| {
+        let token = ContinuationToken(name.to_string());
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &continuation(&token, true))
+                .await
+                .unwrap();
+            token
+        }
+    };
+
+    // No decision yet: a success result is refused, an error (a timeout)
+    // is accepted.
+    let pending = create("pending").await;
+    let msg = refusal(
+        api.patch_status(
+            pending.as_str(),
+            &pp,
+            &Patch::Merge(&outcome_patch(&sent, "alice", AT)),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(
+        msg.contains("needs an approval before a success result"),
+        "{msg}"
+    );
+    let timeout = ToolResult::error("timed out after 5s waiting for an approval");
+    api.patch_status(
+        pending.as_str(),
+        &pp,
+        &Patch::Merge(&outcome_patch(&timeout, "agents", AT)),
+    )
+    .await
+    .unwrap();
+
+    // Denied: only the denial's error is accepted; the decision is final.
+    let denied = create("denied").await;
+    api.patch_status(
+        denied.as_str(),
+        &pp,
+        &Patch::Merge(&decision_patch(false, "bob")),
+    )
+    .await
+    .unwrap();
+    let msg = refusal(
+        api.patch_status(
+            denied.as_str(),
+            &pp,
+            &Patch::Merge(&decision_patch(true, "bob")),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(msg.contains("already decided"), "{msg}");
+    let msg = refusal(
+        api.patch_status(
+            denied.as_str(),
+            &pp,
+            &Patch::Merge(&outcome_patch(&sent, "alice", AT)),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(
+        msg.contains("needs an approval before a success result"),
+        "{msg}"
+    );
+    api.patch_status(
+        denied.as_str(),
+        &pp,
+        &Patch::Merge(&outcome_patch(
+            &ToolResult::error("denied by bob"),
+            "bob",
+            AT,
+        )),
+    )
+    .await
+    .unwrap();
+
+    // Approved: the success result is accepted.
+    let approved = create("approved").await;
+    api.patch_status(
+        approved.as_str(),
+        &pp,
+        &Patch::Merge(&decision_patch(true, "bob")),
+    )
+    .await
+    .unwrap();
+    api.patch_status(
+        approved.as_str(),
+        &pp,
+        &Patch::Merge(&outcome_patch(&sent, "alice", AT)),
+    )
+    .await
+    .unwrap();
+    let stored = api
+        .get_status(approved.as_str())
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(
+        stored.decision,
+        Some(DecisionStatus {
+            approved: true,
+            by: "bob".into(),
+            reason: None,
+            decided_at: serde_json::from_value(json!(AT)).unwrap(),
+        })
+    );
+    ns.delete(&client).await;
+}
+
+/// A Session manifest file for kubectl, in a fresh temporary directory.
+fn manifest(ns: &str, name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agents-crd-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const AGENT: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: helper}
+spec:
+  model:
+    provider: scripted
+    scripted: {replies: [{text: hi}]}
+"#;
+
+#[tokio::test]
+async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-kubectl").await;
+    // Its own discovery cache, so no stale category from an older CRD.
+    let cache = std::env::temp_dir().join(format!("agents-crd-{}-cache", ns.name));
+    let cache_dir = format!("--cache-dir={}", cache.display());
+    let quickstart = include_str!("../examples/quickstart.yaml");
+
+    // A misspelt decorator on a rule: strict field validation (kubectl's
+    // default) refuses it and names the field.
+    for (typo, field) in [
+        (
+            "          timeoutSeconds: 60",
+            "spec.agent.policy.rules[1].timeoutSecond",
+        ),
+        (
+            "          reason: a person sends emails",
+            "spec.agent.policy.rules[0].aproval",
+        ),
+    ] {
+        let bad = match field.rsplit('.').next().unwrap() {
+            "timeoutSecond" => quickstart.replace(typo, "          timeoutSecond: 60"),
+            _ => quickstart.replace(typo, &format!("{typo}\n          aproval: true")),
+        };
+        assert_ne!(bad, quickstart);
+        let file = manifest(&ns.name, "typo.yaml", &bad);
+        let out = support::kubectl([
+            "apply",
+            "-n",
+            &ns.name,
+            &cache_dir,
+            "-f",
+            file.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a typo was applied: {stderr}");
+        assert!(
+            stderr.contains("unknown field") && stderr.contains(field),
+            "{stderr}"
+        );
+    }
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    assert!(sessions.get_opt("quickstart").await.unwrap().is_none());
+
+    // The valid Session and an Agent apply.
+    let file = manifest(&ns.name, "quickstart.yaml", quickstart);
+    support::kubectl_ok([
+        "apply",
+        "-n",
+        &ns.name,
+        &cache_dir,
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let file = manifest(&ns.name, "agent.yaml", AGENT);
+    support::kubectl_ok([
+        "apply",
+        "-n",
+        &ns.name,
+        &cache_dir,
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let token = ContinuationToken::for_call(&SessionId("quickstart".into()), CallId::new(1, 1));
+    Api::<Continuation>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &continuation(&token, false))
+        .await
+        .unwrap();
+
+    // `kubectl get agents` lists Agents only; the category lists all three.
+    let names = |what: &str| {
+        let mut v: Vec<String> =
+            support::kubectl_ok(["get", what, "-n", &ns.name, &cache_dir, "-o", "name"])
+                .lines()
+                .map(str::to_string)
+                .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("agents"), ["agent.agents-exe.io/helper"]);
+    assert_eq!(
+        names(agents::api::CATEGORY),
+        [
+            "agent.agents-exe.io/helper".to_string(),
+            format!("continuation.agents-exe.io/{token}"),
+            "session.agents-exe.io/quickstart".to_string(),
+        ]
+    );
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("agents-crd-{}", ns.name)));
+    let _ = std::fs::remove_dir_all(&cache);
+    ns.delete(&client).await;
+}
+
+#[tokio::test]
+async fn an_agent_reports_conditions_in_its_status() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-agent").await;
+    let api: Api<Agent> = Api::namespaced(client.clone(), &ns.name);
+    let agent: Agent = serde_norway::from_str(AGENT).unwrap();
+    let created = api.create(&PostParams::default(), &agent).await.unwrap();
+    let generation = created.metadata.generation.unwrap();
+    let condition = |reason: &str, message: &str| {
+        json!({"status": {
+            "observedGeneration": generation,
+            "conditions": [{
+                "type": "Ready", "status": "False", "reason": reason,
+                "message": message, "lastTransitionTime": AT,
+                "observedGeneration": generation,
+            }],
+        }})
+    };
+    let pp = PatchParams::default();
+    api.patch_status(
+        "helper",
+        &pp,
+        &Patch::Merge(&condition(
+            "InvalidAgent",
+            "spec.policy.rules[0].tool: invalid glob",
+        )),
+    )
+    .await
+    .unwrap();
+    let status = api.get_status("helper").await.unwrap().status.unwrap();
+    assert_eq!(status.observed_generation, Some(generation));
+    assert_eq!(status.conditions[0].reason, "InvalidAgent");
+    // The status subresource: a spec write does not touch the status, and
+    // a status write does not touch the spec.
+    api.patch(
+        "helper",
+        &pp,
+        &Patch::Merge(&json!({"spec": {"systemPrompt": "be brief"}, "status": {"conditions": []}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.get("helper")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .conditions
+            .len(),
+        1
+    );
+    // Conditions follow metav1.Condition: a reason with spaces, an unknown
+    // status or an overlong message is refused.
+    for (patch, what) in [
+        (condition("not camel case", "x"), "reason"),
+        (condition("Ok", &"x".repeat(32769)), "message"),
+        (
+            json!({"status": {"conditions": [{"type": "Ready", "status": "Maybe", "reason": "Ok", "message": "", "lastTransitionTime": AT}]}}),
+            "status",
+        ),
+    ] {
+        let msg = refusal(
+            api.patch_status("helper", &pp, &Patch::Merge(&patch))
+                .await
+                .unwrap_err(),
+        );
+        assert!(msg.contains(what), "{what}: {msg}");
+    }
     ns.delete(&client).await;
 }

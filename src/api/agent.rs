@@ -1,11 +1,12 @@
 //! The `Agent` resource: a model, a system prompt, tools and a policy.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::{free_form, free_form_object};
+use super::{conditions_schema, free_form, free_form_object};
 
 /// An agent definition: which model answers, with which tools, under which
 /// tool-call policy. Sessions refer to it by name or embed it.
@@ -16,10 +17,12 @@ use super::{free_form, free_form_object};
     kind = "Agent",
     doc = "An agent definition: model, system prompt, tools and tool-call policy.",
     namespaced,
+    status = "AgentStatus",
     shortname = "agent",
-    category = "agents",
+    category = "agents-exe",
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.model.provider","description":"Model provider"}"#,
     printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.model.openai.model","description":"Model name (openai provider)"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the operator accepted the agent"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -41,6 +44,41 @@ pub struct AgentSpec {
     /// Non-secret parameters copied into every call's context snapshot.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, String>,
+    /// Largest tool result, in bytes, kept and sent to the model; a larger
+    /// result is cut to this size and the model is told it was cut.
+    /// Default 8 MiB (8388608). A rule's `truncateBytes` cuts further.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_result_bytes: Option<u64>,
+}
+
+/// Default of `spec.maxResultBytes`: 8 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: u64 = 8 * 1024 * 1024;
+/// Default of `spec.model.timeoutSeconds`.
+pub const DEFAULT_MODEL_TIMEOUT_SECONDS: u32 = 60;
+/// Default of `spec.model.maxRetries`.
+pub const DEFAULT_MODEL_MAX_RETRIES: u32 = 4;
+
+impl AgentSpec {
+    /// `spec.maxResultBytes`, or its default.
+    pub fn max_result_bytes(&self) -> u64 {
+        self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES)
+    }
+}
+
+/// What the operator found when it last read the agent.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// `Ready`: True when the operator accepted the agent (policy, tools
+    /// and model are valid); False with reason `InvalidAgent` and a message
+    /// naming the bad field otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +103,29 @@ pub struct ModelSpec {
     /// The replies a scripted model gives, in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scripted: Option<ScriptedModel>,
+    /// Seconds one model request may take before it is abandoned and
+    /// retried. Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<u32>,
+    /// Retries of a failed model request (connection error, timeout, 5xx,
+    /// a reply that is not a completion) before the session fails.
+    /// Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 10))]
+    pub max_retries: Option<u32>,
+}
+
+impl ModelSpec {
+    /// `timeoutSeconds`, or its default.
+    pub fn timeout_seconds(&self) -> u32 {
+        self.timeout_seconds
+            .unwrap_or(DEFAULT_MODEL_TIMEOUT_SECONDS)
+    }
+    /// `maxRetries`, or its default.
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries.unwrap_or(DEFAULT_MODEL_MAX_RETRIES)
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -232,8 +293,41 @@ pub struct RuleSpec {
     /// Where `runIsolated` calls run; container tools bring their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<ContainerTool>,
-    #[serde(flatten)]
-    pub decorators: DecoratorsSpec,
+    // The decorators, written beside the rule's other fields. Spelt out
+    // rather than `#[serde(flatten)]`: a flattened struct swallows unknown
+    // keys unseen, so `aproval: true` would run a call without approval.
+    /// Wait for `agents session approve|deny` before running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approval: bool,
+    /// Give up after this many seconds (run time, or wait when deferred).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    /// Extra attempts after a failure, with exponential backoff from 1 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 20))]
+    pub retries: Option<u32>,
+    /// Reuse a result for the same tool and arguments (never when the
+    /// context holds secrets).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache: bool,
+    /// Cap results at this many bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub truncate_bytes: Option<u64>,
+}
+
+impl RuleSpec {
+    /// The rule's decorators.
+    pub fn decorators(&self) -> DecoratorsSpec {
+        DecoratorsSpec {
+            approval: self.approval,
+            timeout_seconds: self.timeout_seconds,
+            retries: self.retries,
+            cache: self.cache,
+            truncate_bytes: self.truncate_bytes,
+        }
+    }
 }
 
 /// The tool-call policy.

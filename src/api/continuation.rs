@@ -1,5 +1,12 @@
 //! The `Continuation` resource: one tool call that waits on something
 //! outside the session step (an approval, a person, a Job, a worker).
+//!
+//! What the call is never changes: the spec is immutable after creation.
+//! What it waits for now (`status.waitingFor`, `status.reason`,
+//! `status.expiresAt`) is status, written by the operator. What the outside
+//! writes is status too, each part once: `status.decision` (approve/deny)
+//! and `status.outcome` (result, who, when). The API server enforces it
+//! (CEL rules below), so a mistake or a race cannot rewrite either.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -7,54 +14,60 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::session::{AppliedPolicyStatus, ApprovalStatus, ToolCallStatus, WaitingForName};
-use super::{conditions_schema, free_form_object};
+use super::session::{AppliedPolicyStatus, ToolCallStatus, WaitingForName};
+use super::{conditions_schema, tool_result_schema};
 
 /// A deferred tool call. Its name is its token. Complete it by writing
-/// `status.result` (e.g. `agents session complete TOKEN --text ...`); the
-/// API server refuses a second, different result.
+/// `status.outcome` once (e.g. `agents session complete TOKEN --text ...`);
+/// the API server refuses a second, different outcome.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "agents-exe.io",
     version = "v1alpha1",
     kind = "Continuation",
-    doc = "A deferred tool call of a Session, named by its token. Complete it by writing status.result once.",
+    doc = "A deferred tool call of a Session, named by its token. Complete it by writing status.outcome once.",
     namespaced,
     status = "ContinuationStatus",
     shortname = "cont",
-    category = "agents",
+    category = "agents-exe",
+    // Needs the spec (does the call need approval?) and the status (is it
+    // approved? is the result an error?), so it sits at the root; the API
+    // server evaluates it on status writes too.
+    validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
     printcolumn = r#"{"name":"Tool","type":"string","jsonPath":".spec.toolCall.name","description":"Tool called"}"#,
-    printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".spec.waitingFor","description":"What the call waits for"}"#,
+    printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.waitingFor","description":"What the call waits for"}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Pending or Completed"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new("self == oldSelf").message("the spec of a Continuation cannot change after creation; what changes (waitingFor, reason, expiresAt) is in status"))]
 #[serde(rename_all = "camelCase")]
 pub struct ContinuationSpec {
     /// The session the call belongs to.
+    #[schemars(length(max = 253))]
     pub session: String,
     /// The agent turn that issued the call.
     pub turn: u32,
     /// Our call id, `t<turn>-c<index>`.
+    #[schemars(length(max = 64))]
     pub call_id: String,
     /// The call as the model issued it.
     pub tool_call: ToolCallStatus,
-    /// The policy decision that deferred it.
+    /// The policy decision that deferred it. `policy.approval` set means a
+    /// success result is accepted only after an approving decision.
     pub policy: AppliedPolicyStatus,
-    /// What the call waits for now.
-    pub waiting_for: WaitingForName,
-    /// Why it waits, for whoever completes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
     /// The serialisable context of the call. Never holds secrets.
     pub context: ContextSnapshotSpec,
     /// Cache key (`tool:sha256`) when the call is cacheable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 400))]
     pub cache_key: Option<String>,
-    /// When the wait gives up (the `timeout` decorator).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<Time>,
 }
+
+/// A success outcome on a call whose policy asks for approval needs an
+/// approving decision; error outcomes (a timeout while waiting, the error
+/// a denial writes, a cancellation) are always accepted: they run nothing.
+pub const SUCCESS_NEEDS_APPROVAL: &str = "!has(self.status) || !has(self.status.outcome) || self.status.outcome.result.status == 'error' || !has(self.spec.policy.approval) || !self.spec.policy.approval || (has(self.status.decision) && self.status.decision.approved)";
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -82,33 +95,40 @@ pub enum ContinuationState {
     /// Waiting for a result (or a decision).
     #[default]
     Pending,
-    /// Holds its final result.
+    /// Holds its final outcome.
     Completed,
 }
 
-/// The call's outcome. `result` and `decision` are written once.
+/// Where the call is, and what the outside wrote. `outcome` and
+/// `decision` are each written once, as a whole.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(oldSelf.result) || (has(self.result) && self.result == oldSelf.result)").message("status.result is already set and cannot change: the call was already completed"))]
-#[x_kube(validation = Rule::new("!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)").message("status.decision is already set and cannot change"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.outcome) || (has(self.outcome) && self.outcome == oldSelf.outcome)").message("status.outcome is already set and cannot change: the call was already completed"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)").message("status.decision is already set and cannot change: the call was already decided"))]
+#[x_kube(validation = Rule::new("(self.state == 'Completed') == has(self.outcome)").message("status.state is Completed exactly when status.outcome is set: write them together"))]
 pub struct ContinuationStatus {
-    /// Pending or Completed.
+    /// Pending, or Completed once `outcome` is set.
     #[serde(default)]
     pub state: ContinuationState,
-    /// The final result: `{status: success, response: {type: text, content}}`
-    /// or `{status: error, message}`. Set once.
+    /// What the call waits for now: `approval` until decided, then its
+    /// runner (`background`, `isolated`) or an outside party (`external`).
+    /// Written by the operator; absent until it first writes the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form_object")]
-    pub result: Option<Value>,
-    /// Who supplied the result.
+    pub waiting_for: Option<WaitingForName>,
+    /// Why it waits, for whoever completes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_by: Option<String>,
-    /// When the result was supplied.
+    pub reason: Option<String>,
+    /// When the current wait gives up (the `timeout` decorator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<Time>,
-    /// The approve/deny decision, for calls under `approval`. Set once.
+    pub expires_at: Option<Time>,
+    /// The final result, who supplied it and when. Written once, as a
+    /// whole; a repeat of the very same outcome is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<ApprovalStatus>,
+    pub outcome: Option<OutcomeStatus>,
+    /// The approve/deny decision, for calls under `approval`. Written once,
+    /// as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<DecisionStatus>,
     /// The Job running the call (isolated calls in a cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
@@ -119,4 +139,37 @@ pub struct ContinuationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// A call's final outcome: one write-once unit.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutcomeStatus {
+    /// `{status: success, response: {type: text, content}}` or
+    /// `{status: error, message}`.
+    #[schemars(schema_with = "tool_result_schema")]
+    pub result: Value,
+    /// Who supplied the result (a user, `agents` for the operator's own
+    /// runs and timeouts, `cache`).
+    #[schemars(length(min = 1, max = 253))]
+    pub completed_by: String,
+    /// When the result was supplied.
+    pub completed_at: Time,
+}
+
+/// An approve/deny decision: one write-once unit.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionStatus {
+    /// True to run the call, false to deny it (the model is told).
+    pub approved: bool,
+    /// Who decided.
+    #[schemars(length(min = 1, max = 253))]
+    pub by: String,
+    /// Why, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub reason: Option<String>,
+    /// When the decision was made.
+    pub decided_at: Time,
 }

@@ -2,7 +2,9 @@
 //! is lossless for what the core keeps; round trips are tested.
 
 use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, PolicySpec};
-use super::continuation::{ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi};
+use super::continuation::{
+    ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi, ContinuationStatus,
+};
 use super::session::{
     AppliedPolicyStatus, ApprovalStatus, CallStateName, ClaimStatus, LimitsSpec, OpenTurnStatus,
     Role, SessionPhase, SessionStatus, ToolCallStatus, ToolResultStatus, TrackedCallStatus,
@@ -124,7 +126,7 @@ pub fn policy(spec: &PolicySpec, field: &str) -> Result<Policy, ConvertError> {
             .map(|r| Rule {
                 tool: r.tool.clone(),
                 disposition: disposition(r.disposition, r.reason.as_deref(), r.isolation.as_ref()),
-                decorators: decorators(&r.decorators),
+                decorators: decorators(&r.decorators()),
             })
             .collect(),
     };
@@ -564,6 +566,8 @@ fn claim(c: &ClaimStatus) -> Claim {
 
 // ---- continuations --------------------------------------------------------
 
+/// The immutable part of a core continuation: the Continuation's spec.
+/// What changes after creation goes to the status ([`set_continuation_wait`]).
 pub fn continuation_spec(c: &ContinuationSpec) -> ContinuationSpecApi {
     ContinuationSpecApi {
         session: c.session.0.clone(),
@@ -571,8 +575,6 @@ pub fn continuation_spec(c: &ContinuationSpec) -> ContinuationSpecApi {
         call_id: c.call_id.to_string(),
         tool_call: tool_call_status(&c.tool_call),
         policy: applied_policy_status(&c.policy),
-        waiting_for: waiting_for_name(c.waiting_for),
-        reason: c.reason.clone(),
         context: ContextSnapshotSpec {
             session: c.context.session.0.clone(),
             turn: c.context.turn,
@@ -582,13 +584,27 @@ pub fn continuation_spec(c: &ContinuationSpec) -> ContinuationSpecApi {
             params: c.context.params.clone(),
         },
         cache_key: c.cache_key.as_ref().map(|k| k.to_string()),
-        expires_at: c.expires_at.map(time),
     }
 }
 
+/// Writes what the call waits for now (`waitingFor`, `reason`,
+/// `expiresAt`) into a Continuation's status; the other status fields are
+/// left alone.
+pub fn set_continuation_wait(status: &mut ContinuationStatus, c: &ContinuationSpec) {
+    status.waiting_for = Some(waiting_for_name(c.waiting_for));
+    status.reason = c.reason.clone();
+    status.expires_at = c.expires_at.map(time);
+}
+
+/// The core's continuation from a Continuation's spec and status. Before
+/// the operator first wrote the status (a crash between create and the
+/// status write), the wait is derived from the spec: approval while the
+/// policy asks for one and no decision is recorded, else the disposition's
+/// runner.
 pub fn core_continuation_spec(
     token: &ContinuationToken,
     c: &ContinuationSpecApi,
+    status: Option<&ContinuationStatus>,
 ) -> Result<ContinuationSpec, ConvertError> {
     let cache_key = match &c.cache_key {
         None => None,
@@ -602,14 +618,28 @@ pub fn core_continuation_spec(
             })
         }
     };
+    let policy = applied_policy(&c.policy);
+    let waiting_for = match status.and_then(|s| s.waiting_for) {
+        Some(w) => waiting_for(w),
+        None if policy.decorators.approval
+            && status.and_then(|s| s.decision.as_ref()).is_none() =>
+        {
+            WaitingFor::Approval
+        }
+        None => match policy.disposition {
+            Disposition::RunAsync => WaitingFor::Background,
+            Disposition::RunIsolated { .. } => WaitingFor::Isolated,
+            Disposition::RunSync | Disposition::Defer { .. } => WaitingFor::External,
+        },
+    };
     Ok(ContinuationSpec {
         token: token.clone(),
         session: SessionId(c.session.clone()),
         call_id: call_id(&c.call_id, "spec.callId")?,
         tool_call: tool_call(&c.tool_call),
-        policy: applied_policy(&c.policy),
-        waiting_for: waiting_for(c.waiting_for),
-        reason: c.reason.clone(),
+        policy,
+        waiting_for,
+        reason: status.and_then(|s| s.reason.clone()),
         context: ContextSnapshot {
             session: SessionId(c.context.session.clone()),
             turn: c.context.turn,
@@ -619,7 +649,7 @@ pub fn core_continuation_spec(
             params: c.context.params.clone(),
         },
         cache_key,
-        expires_at: c.expires_at.as_ref().map(millis),
+        expires_at: status.and_then(|s| s.expires_at.as_ref()).map(millis),
     })
 }
 
@@ -730,8 +760,21 @@ mod tests {
             expires_at: Some(Millis(1_700_000_000_000)),
         };
         let api = continuation_spec(&spec);
-        let json = serde_json::to_string(&api).unwrap();
-        let back: ContinuationSpecApi = serde_json::from_str(&json).unwrap();
-        assert_eq!(core_continuation_spec(&spec.token, &back).unwrap(), spec);
+        let mut status = ContinuationStatus::default();
+        set_continuation_wait(&mut status, &spec);
+        let json = serde_json::to_string(&(api, status)).unwrap();
+        let (back, status): (ContinuationSpecApi, ContinuationStatus) =
+            serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            core_continuation_spec(&spec.token, &back, Some(&status)).unwrap(),
+            spec
+        );
+        // Without a status yet, the wait follows from the spec.
+        let derived = core_continuation_spec(&spec.token, &back, None).unwrap();
+        assert_eq!(derived.waiting_for, WaitingFor::Isolated);
+        let mut approval = back.clone();
+        approval.policy.decorators.approval = true;
+        let derived = core_continuation_spec(&spec.token, &approval, None).unwrap();
+        assert_eq!(derived.waiting_for, WaitingFor::Approval);
     }
 }

@@ -8,7 +8,7 @@ pub mod continuation;
 pub mod convert;
 pub mod session;
 
-pub use agent::{Agent, AgentSpec};
+pub use agent::{Agent, AgentSpec, AgentStatus};
 pub use continuation::{Continuation, ContinuationSpec, ContinuationStatus};
 pub use session::{Session, SessionSpec, SessionStatus};
 
@@ -17,6 +17,12 @@ use schemars::{json_schema, Schema, SchemaGenerator};
 
 pub const GROUP: &str = "agents-exe.io";
 pub const VERSION: &str = "v1alpha1";
+/// The category of all three kinds: `kubectl get agents-exe` lists them.
+/// Not `agents`, the Agent plural, which would make `kubectl get agents`
+/// list Sessions and Continuations too.
+pub const CATEGORY: &str = "agents-exe";
+/// Most conditions a status holds (one per type).
+pub const MAX_CONDITIONS: u64 = 16;
 
 /// Free-form JSON: tool arguments and results.
 pub(crate) fn free_form(_: &mut SchemaGenerator) -> Schema {
@@ -29,10 +35,12 @@ pub(crate) fn free_form_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
 }
 
-/// Standard conditions, merged by `type`.
+/// Standard conditions, merged by `type`: the schema of `metav1.Condition`
+/// (patterns and lengths as the API server's own types declare them).
 pub(crate) fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
+        "maxItems": MAX_CONDITIONS,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
         "items": {
@@ -40,13 +48,43 @@ pub(crate) fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
             "required": ["lastTransitionTime", "message", "reason", "status", "type"],
             "properties": {
                 "lastTransitionTime": { "type": "string", "format": "date-time", "description": "When the condition last changed status." },
-                "message": { "type": "string", "description": "Human-readable detail." },
-                "observedGeneration": { "type": "integer", "format": "int64", "description": "The generation the condition reflects." },
-                "reason": { "type": "string", "description": "CamelCase reason for the last transition." },
+                "message": { "type": "string", "maxLength": 32768, "description": "Human-readable detail." },
+                "observedGeneration": { "type": "integer", "format": "int64", "minimum": 0, "description": "The generation the condition reflects." },
+                "reason": {
+                    "type": "string", "minLength": 1, "maxLength": 1024,
+                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                    "description": "CamelCase reason for the last transition."
+                },
                 "status": { "type": "string", "enum": ["True", "False", "Unknown"], "description": "True, False or Unknown." },
-                "type": { "type": "string", "description": "Condition type, e.g. Succeeded." }
+                "type": {
+                    "type": "string", "maxLength": 316,
+                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+                    "description": "Condition type, e.g. Succeeded."
+                }
             }
         }
+    })
+}
+
+/// A tool result: `{status: success, response: {...}}` or
+/// `{status: error, message}`. `status` is typed so CEL rules can tell an
+/// error from a success; the response stays free-form.
+pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": { "type": "string", "enum": ["success", "error"], "description": "`success` (with `response`) or `error` (with `message`)." },
+            "response": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "description": "What the tool answered: `{type: text, content}`, `{type: json, content}`, `{type: media, mimeType, base64Data}` or `{type: mixed, parts}`."
+            },
+            "message": { "type": "string", "description": "The error, as the model is told it." }
+        },
+        "x-kubernetes-validations": [{
+            "rule": "self.status == 'error' ? (has(self.message) && !has(self.response)) : (has(self.response) && !has(self.message))",
+            "message": "a result is {status: success, response: {...}} or {status: error, message: ...}"
+        }]
     })
 }
 
@@ -113,26 +151,136 @@ mod tests {
 
     #[test]
     fn cel_rules_guard_results_and_one_of_fields() {
-        let yaml = crds_yaml();
+        let json: String = [Agent::crd(), Session::crd(), Continuation::crd()]
+            .iter()
+            .map(|c| serde_json::to_string(c).unwrap())
+            .collect();
         for rule in [
-            "!has(oldSelf.result) || (has(self.result) && self.result == oldSelf.result)",
+            "!has(oldSelf.outcome) || (has(self.outcome) && self.outcome == oldSelf.outcome)",
+            "!has(oldSelf.decision) || (has(self.decision) && self.decision == oldSelf.decision)",
             "has(self.agentRef) != has(self.agent)",
-            "size(self) >= size(oldSelf)",
+            session::MESSAGES_APPEND_ONLY,
+            continuation::SUCCESS_NEEDS_APPROVAL,
+            "self == oldSelf",
         ] {
-            assert!(yaml.contains(rule), "missing CEL rule {rule}");
+            assert!(json.contains(rule), "missing CEL rule {rule}");
         }
-        assert!(Session::crd().spec.versions[0]
-            .subresources
-            .as_ref()
-            .unwrap()
-            .status
-            .is_some());
-        assert!(Continuation::crd().spec.versions[0]
-            .subresources
-            .as_ref()
-            .unwrap()
-            .status
-            .is_some());
+        for crd in [Agent::crd(), Session::crd(), Continuation::crd()] {
+            let kind = &crd.spec.names.kind;
+            assert!(
+                crd.spec.versions[0]
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some(),
+                "{kind} has no status subresource"
+            );
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&[CATEGORY.to_string()][..]),
+                "{kind}"
+            );
+            // The category must not shadow a kind's own names.
+            for name in [
+                Some(&crd.spec.names.plural),
+                crd.spec.names.singular.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                assert_ne!(name, CATEGORY);
+            }
+        }
+    }
+
+    fn schema_of(
+        crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    ) -> Value {
+        serde_json::to_value(
+            &crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema,
+        )
+        .unwrap()
+    }
+
+    /// Paths of every free-form (preserve-unknown-fields) node.
+    fn free_form_paths(schema: &Value, path: &str, out: &mut Vec<String>) {
+        if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+            out.push(path.to_string());
+        }
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                free_form_paths(v, &format!("{path}.{k}"), out);
+            }
+        }
+        if let Some(items) = schema.get("items") {
+            free_form_paths(items, &format!("{path}[]"), out);
+        }
+    }
+
+    /// Strict field validation refuses unknown fields only where the schema
+    /// names the fields: only tool data (arguments, schemas, results) may be
+    /// free-form, never the policy.
+    #[test]
+    fn only_tool_data_is_free_form() {
+        for crd in [Agent::crd(), Session::crd(), Continuation::crd()] {
+            let mut free = Vec::new();
+            free_form_paths(&schema_of(&crd), "", &mut free);
+            for path in &free {
+                let leaf = path.rsplit('.').next().unwrap();
+                assert!(
+                    matches!(leaf, "arguments" | "parameters" | "result" | "response"),
+                    "{}: {path} is free-form",
+                    crd.spec.names.kind
+                );
+                assert!(!path.contains(".policy"), "{path}");
+            }
+        }
+        // The policy is fully typed in both places it is written.
+        let agent = schema_of(&Agent::crd());
+        let rule =
+            &agent["properties"]["spec"]["properties"]["policy"]["properties"]["rules"]["items"];
+        for field in [
+            "tool",
+            "disposition",
+            "reason",
+            "isolation",
+            "approval",
+            "timeoutSeconds",
+            "retries",
+            "cache",
+            "truncateBytes",
+        ] {
+            assert!(rule["properties"].get(field).is_some(), "rules[].{field}");
+        }
+    }
+
+    /// Conditions follow `metav1.Condition`, and every list a CEL rule
+    /// walks is bounded.
+    #[test]
+    fn conditions_and_cel_lists_are_bounded() {
+        let session = schema_of(&Session::crd());
+        let conditions = &session["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["maxItems"], MAX_CONDITIONS);
+        let item = &conditions["items"]["properties"];
+        assert_eq!(item["type"]["maxLength"], 316);
+        assert_eq!(item["reason"]["maxLength"], 1024);
+        assert_eq!(
+            item["reason"]["pattern"],
+            "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+        );
+        assert_eq!(item["message"]["maxLength"], 32768);
+        let messages = &session["properties"]["spec"]["properties"]["messages"];
+        assert_eq!(messages["maxItems"], 500);
+        assert_eq!(messages["items"]["maxLength"], 65536);
+        let agent = schema_of(&Agent::crd());
+        assert_eq!(
+            agent["properties"]["status"]["properties"]["conditions"]["maxItems"],
+            MAX_CONDITIONS
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::{conditions_schema, free_form_object};
     namespaced,
     status = "SessionStatus",
     shortname = "sess",
-    category = "agents",
+    category = "agents-exe",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the session is"}"#,
     printcolumn = r#"{"name":"Turns","type":"integer","jsonPath":".status.agentTurns","description":"Model turns taken"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingCount","description":"Calls waiting on the outside"}"#,
@@ -28,6 +28,7 @@ use super::{conditions_schema, free_form_object};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.agentRef) != has(self.agent)").message("set exactly one of spec.agentRef (an Agent's name) and spec.agent (an inline agent)"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.retry) || (has(self.retry) && self.retry >= oldSelf.retry)").message("spec.retry only goes up: set it to a higher number to retry a failed session"))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSpec {
     /// The Agent (in this namespace) that runs the session.
@@ -36,9 +37,12 @@ pub struct SessionSpec {
     /// An inline agent, instead of `agentRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSpec>,
-    /// The user's messages, oldest first. Append a message to continue the
-    /// conversation; earlier messages cannot be removed.
-    #[x_kube(validation = Rule::new("size(self) >= size(oldSelf)").message("spec.messages is append-only: add new messages at the end"))]
+    /// The user's messages, oldest first (at most 500, each at most 65536 characters).
+    /// Append a message to continue the conversation; earlier messages
+    /// cannot be removed or changed.
+    // Bounded so the per-element CEL comparison stays cheap.
+    #[x_kube(validation = Rule::new(MESSAGES_APPEND_ONLY).message("spec.messages is append-only: add new messages at the end; earlier messages cannot be removed or changed"))]
+    #[schemars(length(max = 500), inner(length(max = 65536)))]
     pub messages: Vec<String>,
     /// Hold the session: no model call and no tool call starts while set.
     /// Results that arrive are still recorded.
@@ -47,7 +51,16 @@ pub struct SessionSpec {
     /// Bounds on the session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsSpec>,
+    /// Retry a session that Failed (e.g. its model was unreachable): set
+    /// or raise this number and the operator retries once per increase
+    /// (it compares it with `status.retriesSeen`). It can only go up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<u32>,
 }
+
+/// The CEL rule on `spec.messages`: the old list is a prefix of the new one.
+pub const MESSAGES_APPEND_ONLY: &str =
+    "size(self) >= size(oldSelf) && oldSelf.all(i, m, self[i] == m)";
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

@@ -156,13 +156,13 @@ fn strict<T: serde::de::DeserializeOwned>(value: Value, root: &str) -> Result<T,
     parsed.map_err(|e| format!("{root}: {e}"))
 }
 
-/// `tools.0.builtin.shell`: serde_ignored's path without its `?` marks
-/// for optional fields.
+/// `tools[0].builtin.shell`, as kubectl and the API server name fields:
+/// serde_ignored's path without its `?` marks for optional fields.
 fn field_path(p: &serde_ignored::Path<'_>) -> String {
     use serde_ignored::Path;
     match p {
         Path::Root => String::new(),
-        Path::Seq { parent, index } => join(field_path(parent), &index.to_string()),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
         Path::Map { parent, key } => join(field_path(parent), key),
         Path::Some { parent }
         | Path::NewtypeStruct { parent }
@@ -363,5 +363,160 @@ spec:
         assert!(e.contains("Agent name \"Helper\""), "{e}");
         let e = parse("kind: [", "f.yaml").unwrap_err().to_string();
         assert!(e.contains("f.yaml"), "{e}");
+    }
+
+    /// Every policy field, set, in an inline agent: the sample the typo
+    /// tests below misspell.
+    const FULL_POLICY: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: s1}
+spec:
+  messages: ["hello"]
+  limits: {maxTurns: 3, deadlineSeconds: 60}
+  agent:
+    model:
+      provider: scripted
+      timeoutSeconds: 5
+      maxRetries: 1
+      scripted:
+        replies:
+          - text: hi
+            toolCalls: [{name: echo, arguments: {a: 1}}]
+    maxResultBytes: 1000
+    params: {region: eu}
+    tools:
+      - name: echo
+        builtin: {function: echo}
+      - name: web
+        http: {url: "http://127.0.0.1:9/x"}
+      - name: box
+        container: {image: "busybox:ci", command: [/bin/true], limits: {memory: 64Mi}}
+    policy:
+      default: runSync
+      defaultDecorators: {approval: true, timeoutSeconds: 5, retries: 1, cache: true, truncateBytes: 100}
+      rules:
+        - tool: echo
+          disposition: defer
+          reason: a person answers
+          approval: true
+          timeoutSeconds: 5
+          retries: 1
+          cache: true
+          truncateBytes: 100
+        - tool: b*
+          disposition: runIsolated
+          isolation: {image: "busybox:ci", args: [x], limits: {cpu: 100m}}
+"#;
+
+    #[test]
+    fn misspelt_decorators_are_refused_by_path() {
+        let d = parse(FULL_POLICY, "f.yaml").unwrap();
+        let rule = &d.agent.policy.rules[0];
+        assert!(rule.approval && rule.cache);
+        assert_eq!(rule.timeout_seconds, Some(5));
+
+        // Today's bug: `aproval` on a rule was dropped unseen, so the call
+        // ran without waiting for approval.
+        let typo = FULL_POLICY.replace("          approval: true", "          aproval: true");
+        let e = parse(&typo, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field spec.agent.policy.rules[0].aproval"),
+            "{e}"
+        );
+        let typo = FULL_POLICY.replace("          timeoutSeconds: 5", "          timeoutSecond: 5");
+        let e = parse(&typo, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field spec.agent.policy.rules[0].timeoutSecond"),
+            "{e}"
+        );
+        let typo = FULL_POLICY.replace(
+            "{approval: true, timeoutSeconds",
+            "{aproval: true, timeoutSeconds",
+        );
+        let e = parse(&typo, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field spec.agent.policy.defaultDecorators.aproval"),
+            "{e}"
+        );
+        // The same in a separate Agent document.
+        let agent = GOOD.replace(
+            "  tools:\n",
+            "  policy:\n    rules:\n      - {tool: echo, disposition: runAsync, timeoutSecond: 5}\n  tools:\n",
+        );
+        let e = parse(&agent, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("document 1")
+                && e.contains("unknown field spec.policy.rules[0].timeoutSecond"),
+            "{e}"
+        );
+    }
+
+    /// JSON pointers of the objects in `value` whose schema names its
+    /// fields (not maps, not free-form JSON).
+    fn typed_objects(value: &Value, schema: &Value, at: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                    return;
+                };
+                if schema.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true)) {
+                    out.push(at.clone());
+                }
+                for (k, v) in map {
+                    if let Some(s) = props.get(k) {
+                        typed_objects(v, s, format!("{at}/{k}"), out);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    typed_objects(v, &schema["items"], format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `agents run` accepts what `kubectl apply` (strict field validation)
+    /// accepts: an unknown key in any object the CRD schema types is
+    /// refused, wherever it sits (so a future `#[serde(flatten)]` cannot
+    /// swallow typos again).
+    #[test]
+    fn an_unknown_field_is_refused_in_every_typed_object() {
+        use kube::core::CustomResourceExt;
+        let crd = crate::api::Session::crd();
+        let schema = serde_json::to_value(
+            &crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema,
+        )
+        .unwrap();
+        let doc: Value = serde_norway::from_str(FULL_POLICY).unwrap();
+        let mut objects = Vec::new();
+        typed_objects(
+            &doc["spec"],
+            &schema["properties"]["spec"],
+            "/spec".into(),
+            &mut objects,
+        );
+        assert!(objects.len() >= 15, "{objects:?}");
+        assert!(objects.contains(&"/spec/agent/policy/rules/0".to_string()));
+        for at in objects {
+            let mut bad = doc.clone();
+            bad.pointer_mut(&at)
+                .unwrap()
+                .as_object_mut()
+                .unwrap()
+                .insert("zzTypo".into(), Value::Bool(true));
+            let text = serde_norway::to_string(&bad).unwrap();
+            let e = parse(&text, "f.yaml")
+                .err()
+                .unwrap_or_else(|| panic!("zzTypo at {at} was accepted"))
+                .to_string();
+            assert!(e.contains("zzTypo"), "at {at}: {e}");
+        }
     }
 }
