@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(item["message"]["maxLength"], 32768);
         let messages = &session["properties"]["spec"]["properties"]["messages"];
         assert_eq!(messages["maxItems"], 500);
-        assert_eq!(messages["items"]["maxLength"], 65536);
+        assert_eq!(messages["items"]["maxLength"], 32768);
         let agent = schema_of(&Agent::crd());
         assert_eq!(
             agent["properties"]["status"]["properties"]["conditions"]["maxItems"],

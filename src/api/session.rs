@@ -37,12 +37,12 @@ pub struct SessionSpec {
     /// An inline agent, instead of `agentRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSpec>,
-    /// The user's messages, oldest first (at most 500, each at most 65536 characters).
+    /// The user's messages, oldest first (at most 500, each at most 32768 characters).
     /// Append a message to continue the conversation; earlier messages
     /// cannot be removed or changed.
     // Bounded so the per-element CEL comparison stays cheap.
     #[x_kube(validation = Rule::new(MESSAGES_APPEND_ONLY).message("spec.messages is append-only: add new messages at the end; earlier messages cannot be removed or changed"))]
-    #[schemars(length(max = 500), inner(length(max = 65536)))]
+    #[schemars(length(max = 500), inner(length(max = 32768)))]
     pub messages: Vec<String>,
     /// Hold the session: no model call and no tool call starts while set.
     /// Results that arrive are still recorded.
