@@ -185,7 +185,7 @@ fn bad_yaml_and_unknown_tools_give_clear_errors() {
         ),
     );
     s.run(&["run", "-f", &nested.display().to_string()])
-        .fails_with("unknown field spec.agent.tools.0.builtin.shell");
+        .fails_with("unknown field spec.agent.tools[0].builtin.shell");
     let builtin = s.write(
         "builtin.yaml",
         &AGENT.replace("function: echo", "function: rm"),
