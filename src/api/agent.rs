@@ -217,6 +217,36 @@ pub struct BuiltinTool {
 pub struct HttpTool {
     /// URL the arguments are POSTed to.
     pub url: String,
+    /// The only headers sent besides `Content-Type` and
+    /// `Idempotency-Key`: a value, or a Secret key the user opts into.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub headers: Vec<EnvVar>,
+}
+
+/// A name with a literal value or a value from a Secret key (the Kubernetes
+/// `EnvVar` shape). Only what a tool definition names reaches the tool.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("give exactly one of value and valueFrom"))]
+pub struct EnvVar {
+    /// Variable (or header) name.
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// A literal, non-secret value; it is stored with the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Where a secret value comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource {
+    /// A key of a Secret in the session's namespace (standalone: the
+    /// environment variable `AGENTS_SECRET_<NAME>_<KEY>` of the process).
+    pub secret_key_ref: SecretKeyRef,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
@@ -236,6 +266,11 @@ pub struct ContainerTool {
     /// Resource limits, e.g. `{cpu: 500m, memory: 128Mi}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, String>,
+    /// The only environment variables the tool gets besides `PATH`, `HOME`,
+    /// `LANG` and `AGENTS_TOKEN`: never the runner's own environment.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub env: Vec<EnvVar>,
 }
 
 #[derive(

@@ -1,7 +1,10 @@
 //! The one place where CRD types and core types meet. Every mapping here
 //! is lossless for what the core keeps; round trips are tested.
 
-use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, PolicySpec};
+use super::agent::{
+    AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, EnvVar, EnvVarSource, PolicySpec,
+    SecretKeyRef,
+};
 use super::continuation::{
     ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi, ContinuationStatus,
 };
@@ -14,6 +17,7 @@ use crate::core::call::{Approval, TrackedToolCall};
 use crate::core::conversation::ToolResultEntry;
 use crate::core::envelope::ContextSnapshot;
 use crate::core::policy::{AppliedPolicy, Decorators, Rule};
+use crate::core::policy::{EnvVarSpec, SecretKeyRef as CoreSecretKeyRef};
 use crate::core::session::{ContinuationSpec, PartialUserTurn, ToolInfo};
 use crate::core::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -98,6 +102,33 @@ pub fn session_config(
             }
         }
     }
+    // A tool fed a secret (an env var or a header from a Secret) may give
+    // answers that depend on it: such results are never cached.
+    let context_has_secrets = agent.tools.iter().any(|t| {
+        let secret = |e: &EnvVar| e.value_from.is_some();
+        t.container
+            .as_ref()
+            .is_some_and(|c| c.env.iter().any(secret))
+            || t.http
+                .as_ref()
+                .is_some_and(|h| h.headers.iter().any(secret))
+    }) || agent.policy.rules.iter().any(|r| {
+        r.isolation
+            .as_ref()
+            .is_some_and(|c| c.env.iter().any(|e| e.value_from.is_some()))
+    });
+    // What runs for each tool: a changed definition never reuses results
+    // cached for the old one.
+    let tool_fingerprints = agent
+        .tools
+        .iter()
+        .map(|t| {
+            let what = serde_json::json!({
+                "builtin": t.builtin, "http": t.http, "container": t.container,
+            });
+            (t.name.clone(), crate::core::cache::fingerprint(&what))
+        })
+        .collect();
     Ok(SessionConfig {
         agent: agent_name.map(str::to_string),
         policy,
@@ -108,6 +139,11 @@ pub fn session_config(
                 .and_then(|l| l.deadline_seconds)
                 .map(|s| created_at.plus_secs(s)),
         },
+        context_has_secrets,
+        tool_fingerprints,
+        model_timeout_secs: agent.model.timeout_seconds() as u64,
+        model_retries: agent.model.max_retries(),
+        max_result_bytes: usize::try_from(agent.max_result_bytes()).unwrap_or(usize::MAX),
         ..SessionConfig::default()
     })
 }
@@ -162,8 +198,32 @@ fn isolation_spec(c: &ContainerTool) -> IsolationSpec {
         command: c.command.clone(),
         args: c.args.clone(),
         limits: c.limits.clone(),
-        // Fed by the tool's `env` once the API carries it (crd helper).
-        env: Vec::new(),
+        env: c.env.iter().map(env_var).collect(),
+    }
+}
+
+/// An API `EnvVar` as the runners take it.
+pub fn env_var(e: &EnvVar) -> EnvVarSpec {
+    EnvVarSpec {
+        name: e.name.clone(),
+        value: e.value.clone(),
+        secret: e.value_from.as_ref().map(|f| CoreSecretKeyRef {
+            name: f.secret_key_ref.name.clone(),
+            key: f.secret_key_ref.key.clone(),
+        }),
+    }
+}
+
+fn api_env_var(e: &EnvVarSpec) -> EnvVar {
+    EnvVar {
+        name: e.name.clone(),
+        value: e.value.clone(),
+        value_from: e.secret.as_ref().map(|s| EnvVarSource {
+            secret_key_ref: SecretKeyRef {
+                name: s.name.clone(),
+                key: s.key.clone(),
+            },
+        }),
     }
 }
 
@@ -173,6 +233,7 @@ fn container_tool(s: &IsolationSpec) -> ContainerTool {
         command: s.command.clone(),
         args: s.args.clone(),
         limits: s.limits.clone(),
+        env: s.env.iter().map(api_env_var).collect(),
     }
 }
 

@@ -218,7 +218,8 @@ impl Definition {
     }
 }
 
-fn tool_def(t: &ToolSpec) -> ToolDef {
+/// A tool of the agent spec as the in-step tools run it.
+pub fn tool_def(t: &ToolSpec) -> ToolDef {
     let kind = if let Some(b) = &t.builtin {
         ToolKind::Builtin {
             function: b.function.clone(),
@@ -226,8 +227,7 @@ fn tool_def(t: &ToolSpec) -> ToolDef {
     } else if let Some(h) = &t.http {
         ToolKind::Http {
             url: h.url.clone(),
-            // Fed by the tool's `headers` once the API carries them.
-            headers: Vec::new(),
+            headers: h.headers.iter().map(crate::api::convert::env_var).collect(),
         }
     } else {
         ToolKind::Container
@@ -278,7 +278,7 @@ fn model_client(agent: &AgentSpec) -> Result<ModelClient, String> {
                 &o.base_url,
                 &o.model,
                 key,
-                crate::model::DEFAULT_TIMEOUT,
+                std::time::Duration::from_secs(agent.model.timeout_seconds().into()),
             )))
         }
     }
