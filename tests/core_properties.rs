@@ -245,6 +245,16 @@ fn check_invariants(
             assert_eq!(prev, *turn, "call {id} moved between turns");
         }
     }
+    // A success result on a call under `approval` was approved first.
+    for c in state.open.iter().flat_map(|o| o.calls.iter()) {
+        if c.policy.decorators.approval && c.result.as_ref().is_some_and(|r| !r.is_error()) {
+            assert!(
+                c.approval.as_ref().is_some_and(|a| a.approved),
+                "{} holds a success result without an approval",
+                c.id
+            );
+        }
+    }
     // The store's JSON and the CRD status both round-trip the state.
     let json = serde_json::to_string(state).unwrap();
     assert_eq!(&serde_json::from_str::<SessionState>(&json).unwrap(), state);
@@ -272,7 +282,17 @@ fn run(ops: &[Op]) -> (String, String) {
             None => continue,
             Some(ev) => {
                 let before = s.state().clone();
+                let awaited_approval = match &ev {
+                    Event::Wake { token, .. } => before
+                        .find_call(token)
+                        .is_some_and(|c| c.waiting_for == Some(WaitingFor::Approval)),
+                    _ => false,
+                };
                 let out = s.handle(ev.clone(), now);
+                assert!(
+                    !(awaited_approval && out.is_ok()),
+                    "a result landed on a call waiting for approval: {ev:?}"
+                );
                 if let Err(e) = &out {
                     assert_eq!(s.state(), &before, "refused {ev:?} ({e}) changed the state");
                 }
@@ -292,6 +312,19 @@ proptest! {
 
     #[test]
     fn random_interleavings_keep_the_invariants(ops in prop::collection::vec(op(), 1..60)) {
+        run(&ops);
+    }
+
+    #[test]
+    fn no_interleaving_lands_a_result_on_a_call_waiting_for_approval(
+        ops in prop::collection::vec(prop_oneof![
+            3 => (0..4usize, any::<bool>()).prop_map(|(i, a)| Op::Wake(i, a)),
+            2 => (0..4usize, any::<bool>()).prop_map(|(i, a)| Op::Decide(i, a)),
+            1 => op(),
+        ], 1..60)
+    ) {
+        // `run` asserts after every event that no result was applied to a
+        // call waiting for approval, and that success needs an approval.
         run(&ops);
     }
 

@@ -456,13 +456,13 @@ fn approval_then_run_and_denial_is_fed_back() {
 
 #[test]
 fn cache_hit_resolves_a_deferred_call_on_resume() {
+    // The product serves from the cache only calls that run by themselves
+    // (runAsync, runIsolated): the continuation carries the key, the driver
+    // finds a hit and wakes the call as `cache` instead of launching it.
     let mut cfg = config();
-    cfg.policy.rules[0].decorators.cache = true;
+    cfg.policy.rules[1].decorators.cache = true;
     let mut s = started(cfg.clone());
-    reply(
-        &mut s,
-        vec![call("m", "send_email", r#"{"to":"x","body":"hi"}"#)],
-    );
+    reply(&mut s, vec![call("m", "bash", r#"{"cmd":"uptime"}"#)]);
     let key = drain(&mut s)
         .into_iter()
         .find_map(|a| match a {
@@ -471,8 +471,7 @@ fn cache_hit_resolves_a_deferred_call_on_resume() {
         })
         .expect("cacheable continuation carries its key");
 
-    // Later a result for the same call lands in the cache; on resume the
-    // driver finds it by the key and wakes the call.
+    // After a restart the same key comes back with the continuation.
     let restored = Session::restore(s.state().clone(), cfg, T0.plus_secs(5));
     let mut s = restored;
     let again = drain(&mut s);
@@ -485,7 +484,7 @@ fn cache_hit_resolves_a_deferred_call_on_resume() {
         .handle(
             Event::Wake {
                 token: token("t1-c0"),
-                result: ToolResult::text("sent earlier"),
+                result: ToolResult::text("up 3 days"),
                 by: "cache".into(),
             },
             T0.plus_secs(5),
@@ -493,6 +492,226 @@ fn cache_hit_resolves_a_deferred_call_on_resume() {
         .unwrap();
     assert_eq!(out, Handled::Wake(WakeOutcome::Applied));
     assert_eq!(s.state().phase, Phase::AwaitingModel);
+    // The launch queued before the hit is stale now: a driver skips it.
+    assert!(again
+        .iter()
+        .filter(|a| matches!(a, Action::LaunchIsolated { .. }))
+        .all(|a| !s.is_current(a)));
+}
+
+#[test]
+fn a_result_never_preempts_an_approval() {
+    let mut cfg = config();
+    cfg.policy.default_decorators.approval = true;
+    let mut s = started(cfg);
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    let before = s.state().clone();
+    let err = s
+        .handle(
+            Event::Wake {
+                token: token("t1-c0"),
+                result: ToolResult::text("sneaked in"),
+                by: "mallory".into(),
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("waits for an approval"), "{err}");
+    assert_eq!(s.state(), &before, "a refused result changes nothing");
+
+    // Denied: the model hears the denial; a later outside result is refused.
+    s.handle(
+        Event::Decide {
+            token: token("t1-c0"),
+            approved: false,
+            by: "bob".into(),
+            reason: None,
+        },
+        T0,
+    )
+    .unwrap();
+    let err = s
+        .handle(
+            Event::Wake {
+                token: token("t1-c0"),
+                result: ToolResult::text("ran anyway"),
+                by: "mallory".into(),
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("different result"), "{err}");
+    match s.state().turns.last() {
+        Some(Turn::User(u)) => assert!(u.tool_results[0].result.is_error()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_pause_drops_queued_starts_and_keeps_the_checkpoint() {
+    let mut s = started(config());
+    s.handle(
+        Event::ModelReplied {
+            turn: three_calls(),
+        },
+        T0,
+    )
+    .unwrap();
+    // The queue holds starts (lookup runs, bash launches); a pause arrives
+    // before the driver performed them.
+    s.handle(Event::Pause, T0).unwrap();
+    let actions = drain(&mut s);
+    assert!(
+        actions.iter().all(|a| !a.starts_work()),
+        "no start survives a pause: {actions:?}"
+    );
+    assert!(actions.contains(&Action::Checkpoint), "{actions:?}");
+    assert!(
+        s.state()
+            .open
+            .iter()
+            .flat_map(|o| o.calls.iter())
+            .all(|c| c.claim.is_none()),
+        "claims of dropped starts are released"
+    );
+    s.handle(Event::Resume, T0).unwrap();
+    let actions = drain(&mut s);
+    assert!(actions.iter().any(|a| matches!(a, Action::RunTool { .. })));
+}
+
+#[test]
+fn the_core_counts_the_messages_it_took() {
+    let mut s = Session::new(SessionId("demo".into()), config());
+    for m in ["one", "two", "three"] {
+        s.handle(Event::UserMessage { text: m.into() }, T0).unwrap();
+    }
+    assert_eq!(s.state().messages_taken, 3);
+    // Every message present at the start reaches the first model call, each
+    // as its own user turn, in order.
+    let users: Vec<_> = s
+        .state()
+        .turns
+        .iter()
+        .filter_map(|t| match t {
+            Turn::User(u) => u.message.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, ["one", "two", "three"]);
+    assert_eq!(
+        drain(&mut s),
+        vec![Action::Checkpoint, Action::CallModel { turn: 1 }]
+    );
+}
+
+#[test]
+fn an_isolated_call_that_fails_ends_failed_and_the_model_hears_why() {
+    let mut s = started(config());
+    reply(&mut s, vec![call("m", "bash", r#"{"cmd":"false"}"#)]);
+    drain(&mut s);
+    s.handle(
+        Event::AttemptFinished {
+            token: token("t1-c0"),
+            attempt: 1,
+            result: ToolResult::error("exit status 1: no such file"),
+        },
+        T0,
+    )
+    .unwrap();
+    let results = tool_results(s.state());
+    assert_eq!(
+        results,
+        vec![(
+            "m".to_string(),
+            ToolResult::error("exit status 1: no such file")
+        )]
+    );
+    // The closed turn keeps the failure; the state machine ended in Failed.
+    let actions = drain(&mut s);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::RecordResult { result, .. } if result.is_error())));
+}
+
+#[test]
+fn claims_keep_a_second_driver_off_work_until_they_lapse() {
+    let me = |name: &str| {
+        let mut c = config();
+        c.driver.holder = name.into();
+        c
+    };
+    let mut a = Session::new(SessionId("demo".into()), me("a"));
+    a.handle(Event::UserMessage { text: "hi".into() }, T0)
+        .unwrap();
+    assert_eq!(
+        drain(&mut a),
+        vec![Action::Checkpoint, Action::CallModel { turn: 1 }]
+    );
+    let claim = a
+        .state()
+        .model_claim
+        .clone()
+        .expect("the model call is claimed");
+    assert_eq!(claim.holder, "a");
+    // Driver b loads the checkpoint: it leaves the model call alone...
+    let mut b = Session::restore(a.state().clone(), me("b"), T0.plus_secs(1));
+    assert!(drain(&mut b).iter().all(|x| !x.starts_work()));
+    assert_eq!(
+        b.outlook(T0.plus_secs(1)),
+        Outlook::Busy { at: claim.until },
+        "b looks again when the claim lapses"
+    );
+    // ...until the claim lapses, or b learns that a is dead.
+    let mut late = Session::restore(a.state().clone(), me("b"), claim.until);
+    assert!(drain(&mut late).contains(&Action::CallModel { turn: 1 }));
+    let mut dead = me("b");
+    dead.driver.dead_holders.insert("a".into());
+    let mut told = Session::restore(a.state().clone(), dead, T0.plus_secs(1));
+    assert!(drain(&mut told).contains(&Action::CallModel { turn: 1 }));
+}
+
+#[test]
+fn a_retry_runs_a_failed_model_step_again() {
+    let mut cfg = config();
+    cfg.model_retries = 0;
+    let mut s = started(cfg);
+    s.handle(
+        Event::ModelFailed {
+            error: "401 Unauthorized".into(),
+            retryable: false,
+            retry_after_ms: None,
+        },
+        T0,
+    )
+    .unwrap();
+    assert_eq!(s.state().phase, Phase::Failed);
+    drain(&mut s);
+    s.handle(Event::Retry, T0).unwrap();
+    assert_eq!(s.state().phase, Phase::AwaitingModel);
+    assert_eq!(s.state().retries_taken, 1);
+    assert!(drain(&mut s).contains(&Action::CallModel { turn: 1 }));
+}
+
+#[test]
+fn results_over_the_agent_limit_are_cut_and_say_so() {
+    let mut cfg = config();
+    cfg.max_result_bytes = 10;
+    let mut s = started(cfg);
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    s.handle(
+        Event::ToolFinished {
+            call: CallId::new(1, 0),
+            result: ToolResult::text("0123456789abcdef"),
+            from_cache: false,
+        },
+        T0,
+    )
+    .unwrap();
+    let text = tool_results(s.state())[0].1.to_model_text();
+    assert!(text.starts_with("0123456789\n[truncated"), "{text}");
+    assert!(text.contains("10 of 16 bytes"), "{text}");
 }
 
 #[test]

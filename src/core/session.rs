@@ -700,9 +700,16 @@ impl Session {
                 }));
                 self.await_model(now);
             }
-            // The model has not been asked yet: the message joins the
-            // request as its own user message.
-            Phase::AwaitingModel if self.state.model_claim.is_none() => {
+            // The model has not been asked yet (no driver holds the call,
+            // or ours is still queued): the message joins the request as
+            // its own user message.
+            Phase::AwaitingModel
+                if self.state.model_claim.is_none()
+                    || self
+                        .actions
+                        .iter()
+                        .any(|a| matches!(a, Action::CallModel { .. })) =>
+            {
                 self.state.turns.push(Turn::User(UserTurn {
                     message: Some(text),
                     tool_results: Vec::new(),
