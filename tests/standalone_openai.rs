@@ -152,9 +152,19 @@ spec:
     let out = s
         .cmd(&["run", "-f", &file.display().to_string()])
         .env("AGENTS_SECRET_LLM_API_KEY", "sk-test-123")
+        // Every log line of ours, as JSON: none may carry the key.
+        .env("RUST_LOG", "agents=trace")
+        .env("AGENTS_LOG_FORMAT", "json")
         .output()
         .unwrap();
     let run = Run::from(out, &["run"]);
+    let logs = run.stderr.clone();
+    assert!(
+        logs.lines()
+            .any(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "JSON log lines on stderr: {logs}"
+    );
+    assert!(!logs.contains("sk-test-123"), "a log line shows the key");
     let stdout = run.ok();
     assert!(stdout.contains("will retry"), "{stdout}");
     assert!(

@@ -1,6 +1,7 @@
 //! The `agents` command line (also `kubectl agents` when installed as the
 //! kubectl plugin `kubectl-agents`).
 
+mod logging;
 pub mod out;
 mod run_cmd;
 mod session_cmd;
@@ -180,6 +181,7 @@ pub enum SessionCommand {
 /// Runs the command line; errors are printed by the caller.
 pub fn main() -> ExitCode {
     let cli = Cli::parse_from(plugin_aware_args());
+    logging::init("warn");
     let result = match cli.command {
         Command::Crds => {
             out::text(&crate::api::crds_yaml());

@@ -356,6 +356,7 @@ async fn step_once(
                 StepOutcome::Waiting { pending, wake_at }
             }
         };
+        debug!(session = %sid, ?outcome, writes = cp.writes, "step done");
         return Ok(StepReport {
             outcome,
             state: session.into_state(),
@@ -476,8 +477,17 @@ async fn perform(
                 })
                 .await;
             let event = match reply {
-                Ok(agent_turn) => Event::ModelReplied { turn: agent_turn },
+                Ok(agent_turn) => {
+                    info!(
+                        session = sid,
+                        turn,
+                        calls = agent_turn.tool_calls.len(),
+                        "model replied"
+                    );
+                    Event::ModelReplied { turn: agent_turn }
+                }
                 Err(e) => {
+                    warn!(session = sid, turn, retryable = e.retryable, error = %e.message, "model call failed");
                     p.observer.observe(&Progress::ModelError {
                         session: sid.to_string(),
                         error: e.message.clone(),
@@ -528,6 +538,14 @@ async fn perform(
                     p.tools.run(&tool_call, &idempotency_key, timeout).await
                 }
             };
+            info!(
+                session = sid,
+                call = %call,
+                tool = %tool_call.name,
+                from_cache,
+                failed = result.is_error(),
+                "tool ran"
+            );
             p.observer.observe(&Progress::ToolResult {
                 session: sid.to_string(),
                 call: call.to_string(),
