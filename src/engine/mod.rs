@@ -92,30 +92,10 @@ pub struct Ports<'a> {
     pub observer: &'a dyn Observer,
 }
 
-/// How a step ended.
-#[derive(Clone, Debug, PartialEq)]
-pub enum StepOutcome {
-    Succeeded {
-        answer: String,
-    },
-    Failed {
-        reason: String,
-    },
-    Paused,
-    /// No user message yet.
-    Idle,
-    /// Work for this driver comes due at this time (a retry, a backoff,
-    /// another driver's claim that expires): step again then.
-    Busy {
-        at: crate::core::Millis,
-    },
-    /// Only the outside moves the session on (a result, a decision, a Job
-    /// ending); check again at `wake_at` for deadlines.
-    Waiting {
-        pending: Vec<ContinuationToken>,
-        wake_at: Option<crate::core::Millis>,
-    },
-}
+/// How a step ended: the core's [`Outlook`] once the actions are done.
+/// `Busy { at }`: step again then; `Waiting { wake_at }`: only the outside
+/// moves the session on (check deadlines at `wake_at`).
+pub type StepOutcome = Outlook;
 
 /// What a step returns: the outcome and the state it left.
 #[derive(Clone, Debug)]
@@ -324,38 +304,26 @@ async fn step_once(
         let state = session.state().clone();
         cp.save(&state, now).await?;
         replay.clear();
-        let outcome = match session.outlook(now) {
-            Outlook::Succeeded { answer } => {
-                p.observer.observe(&Progress::Finished {
-                    session: sid.clone(),
-                    answer: answer.clone(),
-                });
-                StepOutcome::Succeeded { answer }
+        let outcome = session.outlook(now);
+        match &outcome {
+            Outlook::Succeeded { answer } => p.observer.observe(&Progress::Finished {
+                session: sid.clone(),
+                answer: answer.clone(),
+            }),
+            Outlook::Failed { reason } => p.observer.observe(&Progress::Failed {
+                session: sid.clone(),
+                reason: reason.clone(),
+            }),
+            Outlook::Paused => p.observer.observe(&Progress::Paused {
+                session: sid.clone(),
+            }),
+            // A result may have landed while we worked: take it and go on.
+            Outlook::Waiting { .. } if absorb(p, &owner, &mut session, now).await? => {
+                session.replan(now);
+                continue;
             }
-            Outlook::Failed { reason } => {
-                p.observer.observe(&Progress::Failed {
-                    session: sid.clone(),
-                    reason: reason.clone(),
-                });
-                StepOutcome::Failed { reason }
-            }
-            Outlook::Paused => {
-                p.observer.observe(&Progress::Paused {
-                    session: sid.clone(),
-                });
-                StepOutcome::Paused
-            }
-            Outlook::Idle => StepOutcome::Idle,
-            Outlook::Busy { at } => StepOutcome::Busy { at },
-            Outlook::Waiting { pending, wake_at } => {
-                // A result may have landed while we worked: take it and go on.
-                if absorb(p, &owner, &mut session, now).await? {
-                    session.replan(now);
-                    continue;
-                }
-                StepOutcome::Waiting { pending, wake_at }
-            }
-        };
+            _ => {}
+        }
         debug!(session = %sid, ?outcome, writes = cp.writes, "step done");
         return Ok(StepReport {
             outcome,

@@ -288,18 +288,11 @@ fn model_client(agent: &AgentSpec) -> Result<ModelClient, String> {
 /// the environment variable `AGENTS_SECRET_LLM_API_KEY` (then
 /// `OPENAI_API_KEY`): keys never live in the store or the YAML.
 pub fn secret_env_name(name: &str, key: &str) -> String {
-    let clean = |s: &str| {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_uppercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect::<String>()
-    };
-    format!("AGENTS_SECRET_{}_{}", clean(name), clean(key))
+    crate::core::policy::SecretKeyRef {
+        name: name.to_string(),
+        key: key.to_string(),
+    }
+    .env_name()
 }
 
 #[cfg(test)]
