@@ -264,6 +264,13 @@ async fn step_once(
     };
     let sid = id.0.clone();
     let now = p.clock.now();
+    // Waits already reported by the step that began them.
+    let known_waits: Vec<(ContinuationToken, Option<WaitingFor>)> = record
+        .state
+        .pending()
+        .into_iter()
+        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .collect();
     let mut session = Session::restore_quiet(record.state.clone(), config);
     for event in input_events(&record, session.state()) {
         if let Event::UserMessage { text } = &event {
@@ -298,7 +305,13 @@ async fn step_once(
                 replay.clear();
                 continue;
             }
-            perform(p, agent, &owner, &mut session, action, &sid, replay).await?;
+            let ctx = StepContext {
+                agent,
+                owner: &owner,
+                sid: &sid,
+                known_waits: &known_waits,
+            };
+            perform(p, &ctx, &mut session, action, replay).await?;
         }
         let now = p.clock.now();
         let state = session.state().clone();
@@ -424,15 +437,22 @@ fn apply_record(
     }
 }
 
+/// What every action of one step shares.
+struct StepContext<'a> {
+    agent: &'a AgentRuntime,
+    owner: &'a SessionRef,
+    sid: &'a str,
+    known_waits: &'a [(ContinuationToken, Option<WaitingFor>)],
+}
+
 async fn perform(
     p: &Ports<'_>,
-    agent: &AgentRuntime,
-    owner: &SessionRef,
+    ctx: &StepContext<'_>,
     session: &mut Session,
     action: Action,
-    sid: &str,
     replay: &mut Vec<Event>,
 ) -> Result<(), StoreError> {
+    let (agent, owner, sid) = (ctx.agent, ctx.owner, ctx.sid);
     match action {
         Action::Checkpoint => unreachable!("handled by the step"),
         Action::CallModel { turn } => {
@@ -573,7 +593,11 @@ async fn perform(
                         now,
                     ),
                 );
-            } else if spec.waiting_for != WaitingFor::Background {
+            } else if spec.waiting_for != WaitingFor::Background
+                && !ctx
+                    .known_waits
+                    .contains(&(spec.token.clone(), Some(spec.waiting_for)))
+            {
                 p.observer.observe(&Progress::Deferred {
                     session: sid.to_string(),
                     call: spec.call_id.to_string(),
@@ -672,6 +696,7 @@ fn finish_attempt(
         result: result.clone(),
         by: by.to_string(),
     });
+    let failed = result.is_error().then(|| result.to_model_text());
     let event = Event::AttemptFinished {
         token: envelope.token.clone(),
         attempt,
@@ -679,6 +704,31 @@ fn finish_attempt(
     };
     replay.push(event.clone());
     refuse_logged(sid, "attempt result", session.handle(event, p.clock.now()));
+    note_retry(p, session, &envelope.token, attempt, failed, sid);
+}
+
+/// Says when a failed attempt will be retried (the `retries` decorator).
+fn note_retry(
+    p: &Ports<'_>,
+    session: &Session,
+    token: &ContinuationToken,
+    attempt: u32,
+    failed: Option<String>,
+    sid: &str,
+) {
+    let (Some(why), Some(call)) = (failed, session.state().find_call(token)) else {
+        return;
+    };
+    if let Some(at) = call.retry_at {
+        let secs = (at.0 - p.clock.now().0).max(0) as f64 / 1000.0;
+        p.observer.observe(&Progress::Note {
+            session: sid.to_string(),
+            message: format!(
+                "{} ({}) attempt {attempt} failed ({why}); retrying in {secs:.0}s",
+                call.id, call.call.name
+            ),
+        });
+    }
 }
 
 async fn cache_hit(
