@@ -247,6 +247,7 @@ fn check_invariants(
     }
     // A success result on a call under `approval` was approved first.
     for c in state.open.iter().flat_map(|o| o.calls.iter()) {
+        c.check().unwrap();
         if c.policy.decorators.approval && c.result.as_ref().is_some_and(|r| !r.is_error()) {
             assert!(
                 c.approval.as_ref().is_some_and(|a| a.approved),

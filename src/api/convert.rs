@@ -586,7 +586,7 @@ fn tracked_call_status(c: &TrackedToolCall) -> TrackedCallStatus {
 }
 
 fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, ConvertError> {
-    Ok(TrackedToolCall {
+    let call = TrackedToolCall {
         id: call_id(&c.id, &format!("{field}.id"))?,
         call: tool_call(&c.call),
         state: call_state(c.state),
@@ -608,7 +608,9 @@ fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, C
         deadline: c.deadline.as_ref().map(millis),
         retry_at: c.retry_at.as_ref().map(millis),
         claim: c.claim.as_ref().map(claim),
-    })
+    };
+    call.check().map_err(|why| err(field, why))?;
+    Ok(call)
 }
 
 fn claim_status(c: &Claim) -> ClaimStatus {

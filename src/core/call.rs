@@ -157,6 +157,39 @@ impl TrackedToolCall {
         }
     }
 
+    /// The combinations a state allows; a stored call that breaks one (a
+    /// deferred call without a token, a call both waiting and completed)
+    /// was edited by hand or written by a bug, and is refused on load.
+    pub fn check(&self) -> Result<(), String> {
+        let problem = match self.state {
+            CallState::Deferred if self.token.is_none() => Some("is Deferred but has no token"),
+            CallState::Deferred if self.waiting_for.is_none() => {
+                Some("is Deferred but says nothing about what it waits for")
+            }
+            CallState::Deferred | CallState::Ready | CallState::Running
+                if self.result.is_some() =>
+            {
+                Some("holds a result but is not final")
+            }
+            CallState::Ready | CallState::Running if self.waiting_for.is_some() => {
+                Some("waits for something but is not Deferred")
+            }
+            CallState::Completed | CallState::Failed if self.result.is_none() => {
+                Some("is final but holds no result")
+            }
+            CallState::Completed | CallState::Failed
+                if self.waiting_for.is_some() || self.claim.is_some() =>
+            {
+                Some("is final but still waits or is claimed")
+            }
+            _ => None,
+        };
+        match problem {
+            Some(p) => Err(format!("tool call {} ({}) {p}", self.id, self.call.name)),
+            None => Ok(()),
+        }
+    }
+
     /// Moves to `to`, or refuses with an error naming the call and the move.
     pub fn transition(&mut self, to: CallState) -> Result<(), TransitionError> {
         if !self.state.can_move_to(to) {
@@ -218,6 +251,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn impossible_combinations_are_named() {
+        let mut c = TrackedToolCall::new(
+            CallId::new(1, 0),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            AppliedPolicy::default(),
+        );
+        assert_eq!(c.check(), Ok(()));
+        c.state = Deferred;
+        c.waiting_for = Some(WaitingFor::External);
+        assert!(c.check().unwrap_err().contains("has no token"));
+        c.token = Some(ContinuationToken("s-t1-c0".into()));
+        assert_eq!(c.check(), Ok(()));
+        c.result = Some(ToolResult::text("x"));
+        assert!(c.check().unwrap_err().contains("not final"));
+        c.state = Completed;
+        assert!(c.check().unwrap_err().contains("still waits"));
+        c.waiting_for = None;
+        assert_eq!(c.check(), Ok(()));
     }
 
     #[test]

@@ -229,6 +229,15 @@ impl SessionState {
         }
     }
 
+    /// Refuses a state no sequence of events can produce (see
+    /// [`TrackedToolCall::check`]).
+    pub fn check(&self) -> Result<(), String> {
+        for c in self.open.iter().flat_map(|o| o.calls.iter()) {
+            c.check()?;
+        }
+        Ok(())
+    }
+
     /// Deferred calls of the open turn, with what each waits for.
     pub fn pending(&self) -> Vec<&TrackedToolCall> {
         self.open

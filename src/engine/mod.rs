@@ -249,6 +249,10 @@ async fn step_once(
         .await?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
     let record = loaded.value;
+    record.state.check().map_err(|why| StoreError::Corrupt {
+        what: format!("session {id}"),
+        why,
+    })?;
     let owner = session_ref(&record);
     let mut config = agent.config.clone();
     config.scope = Scope {
