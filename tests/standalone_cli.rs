@@ -434,3 +434,36 @@ fn appending_a_message_continues_and_changing_the_agent_is_refused() {
     s.run(&["run", "-f", &f])
         .fails_with("already exists in sqlite:./agents.db with a different agent");
 }
+
+#[test]
+fn a_result_that_starts_like_json_but_is_broken_is_refused_and_nothing_is_stored() {
+    let s = Scratch::new("broken-json");
+    let file = quickstart(&s);
+    s.run(&["run", "-f", &file]).ok();
+    let bad = s.run(&[
+        "session",
+        "complete",
+        "quickstart-t1-c1",
+        "--text",
+        r#"{"sent": true,"#,
+    ]);
+    bad.fails_with("starts like JSON but is not valid JSON");
+    // Nothing was written: the call still waits and takes a good result.
+    let pending = s.run(&["session", "pending", "quickstart", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(pending.ok()).unwrap();
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["token"] == "quickstart-t1-c1"),
+        "{v}"
+    );
+    s.run(&[
+        "session",
+        "complete",
+        "quickstart-t1-c1",
+        "--text",
+        r#"{"type":"text","content":"{ not json, and that is fine"}"#,
+    ])
+    .ok();
+}

@@ -570,3 +570,47 @@ async fn a_401_is_not_retryable_names_the_status_and_never_shows_the_key() {
         seen.auth
     );
 }
+
+#[test]
+fn a_session_failed_by_its_model_can_be_retried_by_the_user() {
+    let done = r#"{"choices":[{"message":{"role":"assistant","content":"back in business"}}]}"#;
+    let (port, seen) = serve(vec![
+        (401, r#"{"error":{"message":"bad key"}}"#.into()),
+        (200, done.into()),
+    ]);
+    let s = Scratch::new("retry");
+    let file = s.write(
+        "r.yaml",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: flaky}}
+spec:
+  messages: ["hello"]
+  agent:
+    model:
+      provider: openai
+      openai: {{baseUrl: "http://127.0.0.1:{port}/v1", model: m}}
+"#
+        ),
+    );
+    let failed = s
+        .cmd(&["run", "-f", &file.display().to_string()])
+        .output()
+        .unwrap();
+    let failed = Run::from(failed, &["run"]);
+    assert_eq!(failed.code, 1, "{}", failed.stdout);
+    assert!(failed.stdout.contains("401"), "{}", failed.stdout);
+    // The user fixes the cause (here: the server recovers) and retries.
+    let retried = s.run(&["session", "retry", "flaky"]);
+    assert!(
+        retried.ok().contains("answer: back in business"),
+        "{}",
+        retried.stdout
+    );
+    assert_eq!(seen.lock().unwrap().bodies.len(), 2);
+    // Retrying a session that has not failed says so.
+    s.run(&["session", "retry", "flaky"])
+        .fails_with("has not failed");
+}

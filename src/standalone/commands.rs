@@ -388,16 +388,21 @@ pub fn parse_result(
         return Ok(ToolResult::error(text.trim_end()));
     }
     let trimmed = text.trim();
-    if trimmed.starts_with('{') {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(trimmed) {
-            if v.get("version").is_some() && v.get("status").is_some() {
-                return Ok(ResultEnvelope::parse_for(trimmed, token)?);
-            }
-            if v.get("type").is_some() {
-                let response: ToolResponse = serde_json::from_value(v)
-                    .context("the result looks like a tool response but is not one")?;
-                return Ok(ToolResult::ok(response));
-            }
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        // Results are written once: a JSON document with a typo must not
+        // be stored as text by mistake.
+        let v = serde_json::from_str::<serde_json::Value>(trimmed).map_err(|e| {
+            anyhow!(
+                "the result starts like JSON but is not valid JSON ({e}); fix it, or send text that starts with a brace as a tool response: {{\"type\":\"text\",\"content\":\"...\"}}"
+            )
+        })?;
+        if v.get("version").is_some() && v.get("status").is_some() {
+            return Ok(ResultEnvelope::parse_for(trimmed, token)?);
+        }
+        if v.get("type").is_some() {
+            let response: ToolResponse = serde_json::from_value(v)
+                .context("the result looks like a tool response but is not one")?;
+            return Ok(ToolResult::ok(response));
         }
     }
     Ok(ToolResult::text(text.trim_end()))
