@@ -322,6 +322,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         usage: usage_status(state.usage),
         answer: state.answer.clone(),
         failure: state.failure.clone(),
+        archived_turns: Vec::new(),
         turns: state.turns.iter().map(turn_status).collect(),
         open_turn: state.open.as_ref().map(|o| OpenTurnStatus {
             turn: o.turn,

@@ -145,6 +145,12 @@ pub struct SessionStatus {
     /// Why the session failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The oldest turns, moved out of the status to keep it small (owned
+    /// immutable ConfigMaps); `turns` continues after them. Readers (the
+    /// operator, `agents session show`) put them back transparently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub archived_turns: Vec<ArchivedTurnsStatus>,
     /// The conversation, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<TurnStatus>,
@@ -163,6 +169,20 @@ pub struct SessionStatus {
     /// The driver whose model call is under way, and until when its claim holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_claim: Option<ClaimStatus>,
+}
+
+/// A chunk of old turns stored outside the status.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchivedTurnsStatus {
+    /// Index of the chunk's first turn in the whole conversation.
+    pub first_turn: u32,
+    /// How many turns the chunk holds.
+    pub turns: u32,
+    /// The ConfigMaps holding the chunk (gzip JSON, in order).
+    pub blobs: Vec<String>,
+    /// SHA-256 of the chunk's JSON, checked when it is read back.
+    pub sha256: String,
 }
 
 /// A driver's claim on work with side effects: no other driver starts the

@@ -13,6 +13,7 @@
 //!   (the CEL transition rule in a cluster, a guarded `UPDATE` here).
 
 pub mod ports;
+pub mod spill;
 pub mod sqlite;
 
 use crate::core::session::ContinuationSpec;
