@@ -1102,3 +1102,25 @@ fn same_state_and_events_give_the_same_actions_and_state() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn re_issuing_work_under_way_changes_nothing_to_write() {
+    // The operator steps again while its background run is in flight (a
+    // watch event): the start is issued again (the runner adopts it) but
+    // the stored state stays the same, so the step writes nothing.
+    let mut cfg = config();
+    cfg.policy.default = Disposition::RunAsync;
+    let mut s = started(cfg.clone());
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    let first = drain(&mut s);
+    assert!(first
+        .iter()
+        .any(|a| matches!(a, Action::RunInBackground { .. })));
+    let stored = s.state().clone();
+    let mut again = Session::restore(stored.clone(), cfg, T0.plus_secs(30));
+    let actions = drain(&mut again);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::RunInBackground { .. })));
+    assert_eq!(again.state(), &stored, "no new claim, no write");
+}

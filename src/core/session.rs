@@ -1271,11 +1271,17 @@ impl Session {
                 if !may_run || !due || blocked || (!ensure && ours) {
                     continue;
                 }
-                if call.retry_at.is_some() {
+                let retry = call.retry_at.is_some();
+                if retry {
                     call.retry_at = None;
                     call.attempts += 1;
                 }
-                call.claim = Some(claim_for(call.policy.decorators.timeout_seconds));
+                // Our own live claim stands as it is: re-issuing work under
+                // way (a background task, a Job) writes nothing.
+                let live_own = ours && call.claim.as_ref().is_some_and(|c| c.until > now);
+                if retry || !live_own {
+                    call.claim = Some(claim_for(call.policy.decorators.timeout_seconds));
+                }
                 let run = run_action(&id, &config, call);
                 starts |= !run.is_empty();
                 planned.extend(run);
@@ -1299,7 +1305,15 @@ impl Session {
                 .any(|a| matches!(a, Action::CallModel { .. }));
             if due && !blocked && !queued && (ensure || !ours) {
                 self.state.model_retry_at = None;
-                self.state.model_claim = Some(claim_for(Some(self.config.model_timeout_secs)));
+                let live_own = ours
+                    && self
+                        .state
+                        .model_claim
+                        .as_ref()
+                        .is_some_and(|c| c.until > now);
+                if !live_own {
+                    self.state.model_claim = Some(claim_for(Some(self.config.model_timeout_secs)));
+                }
                 starts = true;
                 planned.push(Action::CallModel {
                     turn: self.state.agent_turns + 1,
