@@ -1,6 +1,7 @@
 //! The `agents` command line (also `kubectl agents` when installed as the
 //! kubectl plugin `kubectl-agents`).
 
+mod operator_cmd;
 pub mod out;
 mod run_cmd;
 mod session_cmd;
@@ -36,6 +37,16 @@ pub enum Command {
     /// complete, approve, deny, run-isolated.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Run the operator: reconcile Sessions in the cluster of the current
+    /// kubeconfig context (or the pod's service account) until SIGTERM.
+    Operator(OperatorArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct OperatorArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, short = 'n', env = "AGENTS_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -187,6 +198,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
+        Command::Operator(args) => operator_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -54,8 +54,8 @@ pub struct DriveOptions {
 
 pub type DriveError = EngineError;
 
-/// The model port over the configured client.
-struct AgentModel<'a>(&'a ModelClient);
+/// The model port over the configured client (the operator uses it too).
+pub(crate) struct AgentModel<'a>(pub(crate) &'a ModelClient);
 
 impl ModelPort for AgentModel<'_> {
     fn reply<'a>(
@@ -79,7 +79,8 @@ impl ModelPort for AgentModel<'_> {
     }
 }
 
-struct AgentTools<'a>(&'a Toolbox);
+/// The in-step tools port over the agent's toolbox.
+pub(crate) struct AgentTools<'a>(pub(crate) &'a Toolbox);
 
 impl ToolPort for AgentTools<'_> {
     fn run<'a>(
