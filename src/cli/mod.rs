@@ -217,6 +217,11 @@ fn plugin_aware_args() -> Vec<std::ffi::OsString> {
         let is_plugin = std::path::Path::new(first)
             .file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("kubectl-agents"));
+        if is_plugin && std::env::var_os("AGENTS_STORE").is_none() {
+            // As `kubectl agents` the cluster is the default store; clap
+            // reads the default from this variable.
+            std::env::set_var("AGENTS_STORE", "kube");
+        }
         args[0] = if is_plugin {
             "kubectl agents".into()
         } else {

@@ -25,9 +25,7 @@ use crate::api::session::SessionSpec;
 use crate::api::{Agent, Continuation, Session};
 use crate::core::conditions::{self, Status as CondStatus};
 use crate::core::session::ContinuationSpec;
-use crate::core::{
-    CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult, WaitingFor,
-};
+use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
 use crate::engine::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
 use crate::store::{
     ContinuationRecord, Decision, SessionInput, SessionRecord, SessionSummary, StoreError,
@@ -368,6 +366,20 @@ impl KubeStore {
             uid: obj.uid().unwrap_or_default(),
         };
         self.list_owned(&owner).await
+    }
+
+    /// The continuations labelled with session `name`, whatever their
+    /// owner: for hints, where only continuations may be readable.
+    pub async fn labelled_continuations(
+        &self,
+        name: &SessionId,
+    ) -> StoreResult<Vec<ContinuationRecord>> {
+        let list = self
+            .continuations
+            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", name.0)))
+            .await
+            .map_err(backend)?;
+        list.items.iter().map(continuation_record).collect()
     }
 
     async fn list_owned(&self, owner: &SessionRef) -> StoreResult<Vec<ContinuationRecord>> {
@@ -932,15 +944,6 @@ impl CachePort for MemoryCache {
             .or_insert_with(|| result.clone());
         Box::pin(async { Ok(()) })
     }
-}
-
-/// Whether a continuation still waits on its runner.
-pub fn waits_for_runner(rec: &ContinuationRecord) -> bool {
-    !rec.is_completed()
-        && matches!(
-            rec.spec.waiting_for,
-            WaitingFor::Background | WaitingFor::Isolated
-        )
 }
 
 #[cfg(test)]
