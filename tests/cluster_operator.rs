@@ -1072,3 +1072,53 @@ spec:
     ]);
     ns.delete(&client).await;
 }
+
+/// Isolated calls wait for a worker until the Job runner comes:
+/// `agents session run-isolated --store kube` runs them as local processes
+/// under a claim, and the operator takes the session on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_call_runs_with_the_cli_worker() {
+    let Some((client, ns)) = setup("op-iso").await else {
+        return;
+    };
+    apply(
+        &ns.name,
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: iso}
+spec:
+  messages: ["measure"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{name: measure, arguments: {}}]
+          - text: measured
+    tools:
+      - name: measure
+        container: {image: "agents.local/busybox:ci", command: ["/bin/sh", "-c", "echo isolated-ok"]}
+"#,
+    );
+    let _operator = Operator::start(&ns.name, &kubeconfig(), "iso");
+    let waiting = wait_until(Duration::from_secs(60), "AwaitingJob", || async {
+        let s = session(&client, &ns.name, "iso").await;
+        let c = condition(&s, "Waiting")?.clone();
+        (c.reason == "AwaitingJob").then_some(c)
+    })
+    .await;
+    assert!(waiting.message.contains("iso-t1-c0"), "{}", waiting.message);
+    let pending = agents_ok(&ns.name, &["session", "pending", "iso"]);
+    assert!(
+        pending.contains("run-isolated iso --store kube"),
+        "{pending}"
+    );
+    let worker = agents_ok(&ns.name, &["session", "run-isolated", "iso"]);
+    assert!(worker.contains("isolated-ok"), "{worker}");
+    wait_condition(&ns.name, "iso", "Succeeded", 60);
+    let st = status_json(&session(&client, &ns.name, "iso").await);
+    let result = &st["turns"][2]["toolResults"][0]["result"];
+    assert_eq!(result["response"]["content"], "isolated-ok", "{result}");
+    ns.delete(&client).await;
+}

@@ -43,7 +43,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -76,6 +76,9 @@ pub struct Context {
     pub cache: Arc<MemoryCache>,
     /// Failed reconciles in a row, per session, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Waits already announced as Events (session UID, token, what it waits
+    /// for): every step re-ensures open continuations, which is no news.
+    announced: Mutex<HashSet<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +164,7 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
         background: background.clone(),
         cache: Arc::new(MemoryCache::default()),
         failures: Mutex::new(HashMap::new()),
+        announced: Mutex::new(HashSet::new()),
     });
     tokio::spawn(sweep_loop(background, sessions.clone()));
     let wakes =
@@ -456,7 +460,19 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
     ctx.background.prune(&uid, &report.state);
     ctx.failures.lock().expect("failures").remove(&key);
     let wrote = report.writes > 0 || settled;
-    let progress = progress.into_inner().expect("progress");
+    let mut progress = progress.into_inner().expect("progress");
+    {
+        let mut announced = ctx.announced.lock().expect("announced");
+        if announced.len() > 100_000 {
+            announced.clear();
+        }
+        progress.retain(|p| match p {
+            Progress::Deferred {
+                token, waiting_for, ..
+            } => announced.insert(format!("{uid}/{token}/{waiting_for:?}")),
+            _ => true,
+        });
+    }
     let mut evs = events::for_progress(&progress, report.writes > 0);
     evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
     for e in evs {

@@ -19,7 +19,8 @@ use futures::future::BoxFuture;
 
 pub enum AnyStore {
     Sqlite(SqliteStore),
-    Kube(KubeStore),
+    // Boxed: a client and three API handles outweigh the SQLite handle.
+    Kube(Box<KubeStore>),
 }
 
 impl AnyStore {
@@ -33,7 +34,7 @@ impl AnyStore {
     ) -> StoreResult<Option<Versioned<SessionRecord>>> {
         match self {
             AnyStore::Sqlite(s) => s.load_session(id).await,
-            AnyStore::Kube(k) => SessionPort::load(k, id).await,
+            AnyStore::Kube(k) => SessionPort::load(k.as_ref(), id).await,
         }
     }
 

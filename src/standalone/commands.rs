@@ -68,9 +68,9 @@ pub fn open_store(url: &str) -> anyhow::Result<SqliteStore> {
 /// Opens the store named by `--store` and `-n`.
 pub async fn open(sel: &StoreSel) -> anyhow::Result<AnyStore> {
     if sel.url == "kube" {
-        return Ok(AnyStore::Kube(
+        return Ok(AnyStore::Kube(Box::new(
             KubeStore::from_kubeconfig(sel.namespace.as_deref()).await?,
-        ));
+        )));
     }
     Ok(AnyStore::Sqlite(open_store(&sel.url)?))
 }

@@ -80,6 +80,9 @@ pub struct KubeStore {
     /// Conditions the driver adds to the state's own (the operator's `Ready`).
     extra: Vec<conditions::Condition>,
     seen: Arc<Mutex<HashMap<String, Seen>>>,
+    /// Continuations listed in this step: the engine re-ensures every open
+    /// deferred call each step, and a listed one needs no API call.
+    listed: Arc<Mutex<HashMap<String, Continuation>>>,
     cache: Arc<MemoryCache>,
 }
 
@@ -92,6 +95,7 @@ impl KubeStore {
             agents: Api::namespaced(client, namespace),
             extra: Vec::new(),
             seen: Default::default(),
+            listed: Default::default(),
             cache: Default::default(),
         }
     }
@@ -389,12 +393,15 @@ impl KubeStore {
             .await
             .map_err(backend)?;
         let mut out = Vec::new();
+        let mut listed = HashMap::new();
         for c in list.items {
             if controller_uid(&c).as_deref() != Some(owner.uid.as_str()) {
                 continue;
             }
             out.push(continuation_record(&c)?);
+            listed.insert(c.name_any(), c);
         }
+        *self.listed.lock().expect("listed lock") = listed;
         out.sort_by_key(|r| (r.spec.call_id.turn, r.spec.call_id.index));
         Ok(out)
     }
@@ -403,57 +410,61 @@ impl KubeStore {
         &self,
         owner: &SessionRef,
         spec: &ContinuationSpec,
-        now: Millis,
+        _now: Millis,
     ) -> StoreResult<ContinuationRecord> {
         let name = &spec.token.0;
-        let object = Continuation {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(self.namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    SESSION_LABEL.to_string(),
-                    owner.id.0.clone(),
-                )])),
-                owner_references: Some(vec![owner_reference(owner)]),
-                ..Default::default()
-            },
-            spec: convert::continuation_spec(spec),
-            status: None,
+        // The engine re-ensures every open deferred call each step: one
+        // listed in this step needs no call; else read before creating (a
+        // refused create is still a write).
+        let listed = self.listed.lock().expect("listed lock").get(name).cloned();
+        let known = match listed {
+            Some(c) => Some(c),
+            None => self.continuations.get_opt(name).await.map_err(backend)?,
         };
-        let existing = match self
-            .continuations
-            .create(&PostParams::default(), &object)
-            .await
-        {
-            Ok(created) => {
-                debug!(token = %name, session = %owner.id, "continuation created");
-                created
-            }
-            Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
-                let current = self
+        let existing = match known {
+            Some(c) => self.adopt(c, owner)?,
+            None => {
+                let object = Continuation {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        labels: Some(BTreeMap::from([(
+                            SESSION_LABEL.to_string(),
+                            owner.id.0.clone(),
+                        )])),
+                        owner_references: Some(vec![owner_reference(owner)]),
+                        ..Default::default()
+                    },
+                    spec: convert::continuation_spec(spec),
+                    status: None,
+                };
+                match self
                     .continuations
-                    .get_opt(name)
+                    .create(&PostParams::default(), &object)
                     .await
-                    .map_err(backend)?
-                    .ok_or_else(|| {
-                        StoreError::Backend(format!(
-                            "continuation {name} was deleted while being adopted; try again"
-                        ))
-                    })?;
-                let theirs = controller_uid(&current);
-                if theirs.as_deref() != Some(owner.uid.as_str()) {
-                    return Err(StoreError::Backend(format!(
-                        "continuation {name} exists but belongs to another session (controller owner uid {}, this session {} has uid {}); it is not adopted. A session re-created with the same name waits until the old one's continuations are garbage-collected; delete {name} if it stays",
-                        theirs.unwrap_or_else(|| "none".into()),
-                        owner.id,
-                        owner.uid
-                    )));
+                {
+                    Ok(created) => {
+                        debug!(token = %name, session = %owner.id, "continuation created");
+                        created
+                    }
+                    // Created by a racing driver: adopt it like any other.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
+                        let current = self
+                            .continuations
+                            .get_opt(name)
+                            .await
+                            .map_err(backend)?
+                            .ok_or_else(|| {
+                                StoreError::Backend(format!(
+                                    "continuation {name} was deleted while being adopted; try again"
+                                ))
+                            })?;
+                        self.adopt(current, owner)?
+                    }
+                    Err(e) => return Err(backend(e)),
                 }
-                current
             }
-            Err(e) => return Err(backend(e)),
         };
-        let _ = now;
         // What the call waits for now lives in status: set it when it
         // differs (a new object, or an approved call now waiting for its runner).
         let status = existing.status.clone().unwrap_or_default();
@@ -479,8 +490,8 @@ impl KubeStore {
                 .await
             {
                 Ok(updated) => return continuation_record(&updated),
-                // Completed meanwhile (state Completed without... ) or any
-                // refusal: the stored object is what counts.
+                // Completed meanwhile (the CEL rules refuse `Pending` next
+                // to an outcome): the stored object is what counts.
                 Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
                     debug!(token = %name, reason = %s.message, "wait fields not written; reading back");
                 }
@@ -495,6 +506,22 @@ impl KubeStore {
             return continuation_record(&current);
         }
         continuation_record(&existing)
+    }
+
+    /// `c` if its controller owner is this very session (same UID).
+    fn adopt(&self, c: Continuation, owner: &SessionRef) -> StoreResult<Continuation> {
+        let theirs = controller_uid(&c);
+        if theirs.as_deref() == Some(owner.uid.as_str()) {
+            return Ok(c);
+        }
+        Err(StoreError::Backend(format!(
+            "continuation {} exists but belongs to another session (controller owner uid {}; this session {} has uid {}); it is not adopted. A session re-created under the same name waits until the old one's continuations are garbage-collected; delete {} if it stays",
+            c.name_any(),
+            theirs.unwrap_or_else(|| "none".into()),
+            owner.id,
+            owner.uid,
+            c.name_any()
+        )))
     }
 
     async fn complete_continuation(
