@@ -154,7 +154,8 @@ fn condition<'a>(
 }
 
 /// A local HTTP tool server on 127.0.0.1 that counts the idempotency keys
-/// it receives. Paths starting with `/slow` answer after a minute.
+/// it receives. Paths starting with `/slow` answer after a minute,
+/// `/sleep/N` after N seconds.
 struct ToolServer {
     base: String,
     keys: Arc<Mutex<HashMap<String, usize>>>,
@@ -215,6 +216,9 @@ fn serve(stream: TcpStream, keys: Arc<Mutex<HashMap<String, usize>>>) {
     *keys.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
     if path.starts_with("/slow") {
         std::thread::sleep(Duration::from_secs(60));
+    }
+    if let Some(secs) = path.strip_prefix("/sleep/") {
+        std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(1)));
     }
     let reply = serde_json::json!({"path": path, "key": key}).to_string();
     let mut stream = stream;
@@ -281,6 +285,25 @@ impl WakeWatch {
             .unwrap();
         m.saturating_duration_since(r)
     }
+}
+
+/// Reconciles that stepped session `name`, and the API writes they sent,
+/// from operator logs (`step session=NS/NAME ... api_writes=N`).
+fn api_writes(log: &str, name: &str) -> (u32, u32) {
+    let mut steps = 0;
+    let mut writes = 0;
+    for line in log.lines().filter(|l| l.contains(" step ")) {
+        if !line.contains(&format!("/{name} ")) {
+            continue;
+        }
+        steps += 1;
+        writes += line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("api_writes="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0);
+    }
+    (steps, writes)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -373,6 +396,7 @@ async fn the_requested_flow_survives_an_operator_crash() {
         "the runAsync call's continuation holds its result"
     );
     operator.kill();
+    let first_log = operator.log();
     let mut operator = Operator::start(&ns.name, &kubeconfig(), "second");
 
     let pending = agents_ok(&ns.name, &["session", "pending", "flow"]);
@@ -449,6 +473,11 @@ async fn the_requested_flow_survives_an_operator_crash() {
         operator.log()
     );
     operator.kill();
+    let (steps, writes) = api_writes(&(first_log + &operator.log()), "flow");
+    println!(
+        "API writes by the operator for the flow: {writes} in {steps} reconciles (3 tool calls: {:.1} per call), plus 1 by `complete`",
+        writes as f64 / 3.0
+    );
     ns.delete(&client).await;
 }
 
@@ -1120,5 +1149,63 @@ spec:
     let st = status_json(&session(&client, &ns.name, "iso").await);
     let result = &st["turns"][2]["toolResults"][0]["result"];
     assert_eq!(result["response"]["content"], "isolated-ok", "{result}");
+    ns.delete(&client).await;
+}
+
+/// A background run under way when the operator is SIGKILLed runs again
+/// after the restart, under the same idempotency key, and its result
+/// reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_run_cut_by_a_crash_runs_again_under_the_same_key() {
+    let Some((client, ns)) = setup("op-rerun").await else {
+        return;
+    };
+    let tools = ToolServer::start();
+    let yaml = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: rerun}}
+spec:
+  messages: ["fetch slowly"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: fetch, arguments: {{}}}}]
+          - text: fetched
+    tools:
+      - {{name: fetch, http: {{url: "{base}/sleep/4"}}}}
+    policy:
+      rules:
+        - {{tool: fetch, disposition: runAsync, timeoutSeconds: 30}}
+"#,
+        base = tools.base
+    );
+    apply(&ns.name, &yaml);
+    let mut operator = Operator::start(&ns.name, &kubeconfig(), "rerun-first");
+    wait_until(
+        Duration::from_secs(60),
+        "the background run to start",
+        || async { (tools.keys().len() == 1).then_some(()) },
+    )
+    .await;
+    operator.kill();
+    let _operator = Operator::start(&ns.name, &kubeconfig(), "rerun-second");
+    wait_condition(&ns.name, "rerun", "Succeeded", 90);
+    let keys = tools.keys();
+    assert_eq!(keys.len(), 1, "one call, one key: {keys:?}");
+    let (key, runs) = keys.iter().next().unwrap();
+    assert!(key.ends_with("/t1-c0"), "{key}");
+    assert_eq!(
+        *runs, 2,
+        "cut once by the crash, run again after it: {keys:?}"
+    );
+    let st = status_json(&session(&client, &ns.name, "rerun").await);
+    assert_eq!(
+        st["turns"][2]["toolResults"][0]["result"]["status"],
+        "success"
+    );
     ns.delete(&client).await;
 }

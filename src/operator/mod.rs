@@ -496,6 +496,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         session = %key,
         outcome = outcome_name(&report.outcome),
         writes = report.writes,
+        api_writes = store.api_writes(),
         wrote,
         "step"
     );

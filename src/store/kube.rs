@@ -37,6 +37,7 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::{debug, warn};
 
@@ -84,6 +85,8 @@ pub struct KubeStore {
     /// deferred call each step, and a listed one needs no API call.
     listed: Arc<Mutex<HashMap<String, Continuation>>>,
     cache: Arc<MemoryCache>,
+    /// Write requests sent (creates and patches, refused ones too).
+    writes: Arc<AtomicU32>,
 }
 
 impl KubeStore {
@@ -97,6 +100,7 @@ impl KubeStore {
             seen: Default::default(),
             listed: Default::default(),
             cache: Default::default(),
+            writes: Default::default(),
         }
     }
 
@@ -124,6 +128,15 @@ impl KubeStore {
     pub fn with_cache(mut self, cache: Arc<MemoryCache>) -> Self {
         self.cache = cache;
         self
+    }
+
+    /// Write requests this store sent to the API server so far.
+    pub fn api_writes(&self) -> u32 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    fn count_write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn namespace(&self) -> &str {
@@ -194,6 +207,7 @@ impl KubeStore {
             "metadata": {"resourceVersion": expected.0},
             "status": merge_patch(&seen.status, &new),
         });
+        self.count_write();
         match self
             .sessions
             .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
@@ -267,6 +281,7 @@ impl KubeStore {
             "metadata": {"resourceVersion": seen.version},
             "status": {"conditions": wanted, "observedGeneration": seen.generation},
         });
+        self.count_write();
         match self
             .sessions
             .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
@@ -287,6 +302,7 @@ impl KubeStore {
     /// Changes the Session's spec (pause, resume, retry): a merge patch of
     /// the named fields only. The operator acts on it.
     pub async fn patch_spec(&self, id: &SessionId, patch: Value) -> StoreResult<Session> {
+        self.count_write();
         match self
             .sessions
             .patch(
@@ -438,6 +454,7 @@ impl KubeStore {
                     spec: convert::continuation_spec(spec),
                     status: None,
                 };
+                self.count_write();
                 match self
                     .continuations
                     .create(&PostParams::default(), &object)
@@ -484,6 +501,7 @@ impl KubeStore {
                     "expiresAt": wanted.expires_at,
                 }
             });
+            self.count_write();
             match self
                 .continuations
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
@@ -561,6 +579,7 @@ impl KubeStore {
                     }
                 }
             });
+            self.count_write();
             match self
                 .continuations
                 .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
@@ -623,6 +642,7 @@ impl KubeStore {
                     }
                 }
             });
+            self.count_write();
             match self
                 .continuations
                 .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
