@@ -1209,3 +1209,173 @@ spec:
     );
     ns.delete(&client).await;
 }
+
+/// A minimal chat-completions endpoint on 127.0.0.1: answers 503 while
+/// `failing`, else a final answer; records the Authorization headers.
+struct ChatServer {
+    base: String,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+    auth: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChatServer {
+    fn start() -> ChatServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let auth: Arc<Mutex<Vec<String>>> = Default::default();
+        let (f, a) = (failing.clone(), auth.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (f, a) = (f.clone(), a.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut length = 0usize;
+                    let mut authorization = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':') {
+                            match name.trim().to_ascii_lowercase().as_str() {
+                                "content-length" => length = value.trim().parse().unwrap_or(0),
+                                "authorization" => authorization = value.trim().to_string(),
+                                _ => {}
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    let _ = reader.read_exact(&mut body);
+                    a.lock().unwrap().push(authorization);
+                    let (status, reply) = if f.load(std::sync::atomic::Ordering::SeqCst) {
+                        (
+                            "503 Service Unavailable",
+                            r#"{"error":{"message":"overloaded"}}"#.to_string(),
+                        )
+                    } else {
+                        ("200 OK", serde_json::json!({
+                            "choices": [{"message": {"role": "assistant", "content": "hello from the fake"}, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 4}
+                        }).to_string())
+                    };
+                    let mut stream = stream;
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                        reply.len()
+                    );
+                });
+            }
+        });
+        ChatServer {
+            base,
+            failing,
+            auth,
+        }
+    }
+}
+
+/// The OpenAI key comes from the Secret the Agent names and reaches the
+/// model, never status, Events or logs; `maxRetries` holds; a session that
+/// failed on its model runs again after `agents session retry`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_key_comes_from_the_secret_and_retry_reruns_a_failed_session() {
+    let Some((client, ns)) = setup("op-model").await else {
+        return;
+    };
+    const KEY: &str = "sk-test-Zq81rT0pSecret";
+    let chat = ChatServer::start();
+    kubectl_ok([
+        "create",
+        "secret",
+        "generic",
+        "llm-credentials",
+        "-n",
+        &ns.name,
+        &format!("--from-literal=api-key={KEY}"),
+    ]);
+    apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: chatty}}
+spec:
+  model:
+    provider: openai
+    timeoutSeconds: 5
+    maxRetries: 0
+    openai:
+      baseUrl: "{base}"
+      model: gpt-test
+      apiKeySecretRef: {{name: llm-credentials, key: api-key}}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: talk}}
+spec:
+  agentRef: {{name: chatty}}
+  messages: ["hello?"]
+"#,
+            base = chat.base
+        ),
+    );
+    let operator = Operator::start(&ns.name, &kubeconfig(), "model");
+    wait_condition(&ns.name, "talk", "Failed", 60);
+    let failed = session(&client, &ns.name, "talk").await;
+    assert!(
+        failed
+            .status
+            .as_ref()
+            .unwrap()
+            .failure
+            .as_deref()
+            .unwrap_or("")
+            .contains("503"),
+        "{:?}",
+        failed.status
+    );
+    assert_eq!(
+        chat.auth.lock().unwrap().len(),
+        1,
+        "maxRetries: 0 means one request"
+    );
+
+    chat.failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let out = agents_ok(&ns.name, &["session", "retry", "talk"]);
+    assert!(out.contains("retries"), "{out}");
+    wait_condition(&ns.name, "talk", "Succeeded", 60);
+    let s = session(&client, &ns.name, "talk").await;
+    assert_eq!(
+        s.status.as_ref().unwrap().answer.as_deref(),
+        Some("hello from the fake")
+    );
+    assert_eq!(s.status.as_ref().unwrap().retries_seen, 1);
+    let auth = chat.auth.lock().unwrap().clone();
+    assert_eq!(auth.len(), 2, "{auth:?}");
+    assert!(
+        auth.iter().all(|a| a == &format!("Bearer {KEY}")),
+        "{auth:?}"
+    );
+
+    let stored = kubectl_ok([
+        "get",
+        "sessions,continuations,agents",
+        "-n",
+        &ns.name,
+        "-o",
+        "yaml",
+    ]);
+    let events = kubectl_ok(["get", "events", "-n", &ns.name, "-o", "yaml"]);
+    assert!(!stored.contains(KEY), "the key leaked into an object");
+    assert!(!events.contains(KEY), "the key leaked into an Event");
+    assert!(!operator.log().contains(KEY), "the key leaked into the log");
+    ns.delete(&client).await;
+}
