@@ -744,6 +744,17 @@ metadata: {name: keyless}
 spec:
   agentRef: {name: keyed}
   messages: ["hello"]
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: broken}
+spec:
+  model:
+    provider: scripted
+    scripted: {replies: [{text: hi}]}
+  policy:
+    rules:
+      - {tool: "[oops", disposition: defer}
 "#,
     );
     let _operator = Operator::start(&ns.name, &kubeconfig(), "agent");
@@ -799,6 +810,44 @@ spec:
 "#,
     );
     wait_condition(&ns.name, "early", "Succeeded", 60);
+    // Each Agent reports whether it is usable, before any session runs it.
+    let agents_api: Api<agents::api::Agent> = Api::namespaced(client.clone(), &ns.name);
+    let agent_ready = |name: &'static str| {
+        let api = agents_api.clone();
+        async move {
+            wait_until(
+                Duration::from_secs(60),
+                &format!("agent {name} Ready"),
+                || async {
+                    let a = api.get(name).await.ok()?;
+                    let st = a.status?;
+                    let c = st.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+                    (st.observed_generation == a.metadata.generation).then_some(c)
+                },
+            )
+            .await
+        }
+    };
+    let later = agent_ready("later").await;
+    assert_eq!(
+        (later.status.as_str(), later.reason.as_str()),
+        ("True", "Valid")
+    );
+    let keyed = agent_ready("keyed").await;
+    assert_eq!(
+        (keyed.status.as_str(), keyed.reason.as_str()),
+        ("False", "SecretNotFound")
+    );
+    let broken = agent_ready("broken").await;
+    assert_eq!(
+        (broken.status.as_str(), broken.reason.as_str()),
+        ("False", "InvalidAgent")
+    );
+    assert!(
+        broken.message.contains("policy.rules[0].tool") && broken.message.contains("[oops"),
+        "{}",
+        broken.message
+    );
     let s = session(&client, &ns.name, "early").await;
     assert_eq!(condition(&s, "Ready").unwrap().status, "True");
     assert_eq!(s.status.unwrap().answer.as_deref(), Some("here at last"));
@@ -1050,7 +1099,7 @@ spec:
     let denied = as_completer(&["session", "pause", "guarded"]);
     assert!(!denied.status.success(), "{}", text(&denied));
     assert!(
-        text(&denied).contains("403") || text(&denied).contains("forbidden"),
+        text(&denied).to_lowercase().contains("forbidden"),
         "{}",
         text(&denied)
     );
@@ -1082,7 +1131,7 @@ spec:
     let s = session(&client, &ns.name, "guarded").await;
     assert!(!s.spec.paused);
     assert!(
-        !operator.log().contains("403"),
+        !operator.log().to_lowercase().contains("forbidden"),
         "the operator hit a permission it lacks:\n{}",
         operator.log()
     );

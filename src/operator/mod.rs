@@ -17,6 +17,7 @@
 //! `runAsync` attempts run as tasks in this process ([`background`]); the
 //! end of one reconciles its Session through `Controller::reconcile_on`.
 
+pub mod agents;
 pub mod background;
 pub mod events;
 
@@ -173,7 +174,8 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
             |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
         );
     let by_agent = sessions.clone();
-    controller
+    let agents = agents::controller(&client, ns, ctx.clone());
+    let sessions_controller = controller
         .owns(api::<Continuation>(&client, ns), watcher::Config::default())
         .watches(
             api::<Agent>(&client, ns),
@@ -189,8 +191,8 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
                 Ok((obj, _)) => debug!(session = %obj, "reconciled"),
                 Err(e) => debug!(error = %e, "reconcile not done"),
             }
-        })
-        .await;
+        });
+    futures::join!(sessions_controller, agents);
     info!("operator stopped");
     Ok(())
 }
@@ -275,11 +277,26 @@ async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved,
         .as_ref()
         .map(crate::api::convert::millis)
         .unwrap_or_default();
+    prepare(ctx, ns, &name, agent_name, spec, &session.spec, created).await
+}
+
+/// The agent `spec` made runnable for a session: config, model client (its
+/// key read from the Secret it names), tools. The Agent controller runs the
+/// same checks to report an Agent's own `Ready`.
+async fn prepare(
+    ctx: &Context,
+    ns: &str,
+    session: &str,
+    agent_name: Option<String>,
+    spec: AgentSpec,
+    session_spec: &crate::api::SessionSpec,
+    created: crate::core::Millis,
+) -> Result<Resolved, NotReady> {
     let definition = Definition {
-        session: name,
+        session: session.to_string(),
         agent_name: agent_name.clone(),
         agent: spec.clone(),
-        spec: session.spec.clone(),
+        spec: session_spec.clone(),
     };
     let mut agent = definition.build(created).map_err(|message| NotReady {
         reason: "InvalidAgent",
