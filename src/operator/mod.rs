@@ -418,10 +418,11 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
                 not_ready.reason,
                 not_ready.message.clone(),
             )]);
-            let state = match crate::store::kube::session_record(&session) {
-                Ok(r) => r.state,
-                Err(e) => return Err(e.into()),
+            // Read fresh: the conditions follow the stored state.
+            let Some(loaded) = crate::engine::SessionPort::load(&store, &id).await? else {
+                return Ok(Action::await_change());
             };
+            let state = loaded.value.state;
             if store.settle(&id, &state).await? {
                 warn!(session = %key, reason = not_ready.reason, message = %not_ready.message, "session not ready");
                 publish(
