@@ -1428,3 +1428,84 @@ spec:
     assert!(!operator.log().contains(KEY), "the key leaked into the log");
     ns.delete(&client).await;
 }
+
+/// A Session re-created under the same name never adopts the old one's
+/// continuation (same token, other owner UID); once that is gone, it
+/// creates its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_session_does_not_adopt_the_old_ones_continuation() {
+    let Some((client, ns)) = setup("op-adopt").await else {
+        return;
+    };
+    let yaml = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: again}
+spec:
+  messages: ["ask"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{name: ask, arguments: {}}]
+          - text: thanks
+    tools:
+      - {name: ask, builtin: {function: echo}}
+    policy:
+      rules:
+        - {tool: ask, disposition: defer}
+"#;
+    apply(&ns.name, yaml);
+    let operator = Operator::start(&ns.name, &kubeconfig(), "adopt");
+    wait_condition(&ns.name, "again", "Waiting", 60);
+    let conts: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    let old_owner = conts
+        .get("again-t1-c0")
+        .await
+        .unwrap()
+        .metadata
+        .owner_references
+        .unwrap()[0]
+        .uid
+        .clone();
+    kubectl_ok([
+        "delete",
+        "session",
+        "again",
+        "-n",
+        &ns.name,
+        "--cascade=orphan",
+    ]);
+    apply(&ns.name, yaml);
+    wait_until(Duration::from_secs(30), "the refusal to adopt", || async {
+        operator
+            .log()
+            .contains("is not this session's")
+            .then_some(())
+    })
+    .await;
+    // Orphaned by the delete: it kept its name, lost its owner, and the new
+    // session did not take it.
+    let kept = conts.get("again-t1-c0").await.unwrap();
+    assert!(kept
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .is_empty());
+
+    kubectl_ok(["delete", "continuation", "again-t1-c0", "-n", &ns.name]);
+    let fresh_uid = session(&client, &ns.name, "again")
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    let new_owner = wait_until(Duration::from_secs(60), "its own continuation", || async {
+        let c = conts.get_opt("again-t1-c0").await.ok()??;
+        Some(c.metadata.owner_references?.first()?.uid.clone())
+    })
+    .await;
+    assert_eq!(new_owner, fresh_uid);
+    assert_ne!(new_owner, old_owner);
+    ns.delete(&client).await;
+}

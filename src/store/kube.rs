@@ -533,7 +533,7 @@ impl KubeStore {
             return Ok(c);
         }
         Err(StoreError::Backend(format!(
-            "continuation {} exists but belongs to another session (controller owner uid {}; this session {} has uid {}); it is not adopted. A session re-created under the same name waits until the old one's continuations are garbage-collected; delete {} if it stays",
+            "continuation {} exists but is not this session's (its controller owner has uid {}; session {} has uid {}), so it is not adopted. A session re-created under the same name waits until the old one's continuations are garbage-collected; delete {} if it stays",
             c.name_any(),
             theirs.unwrap_or_else(|| "none".into()),
             owner.id,
