@@ -69,6 +69,10 @@ impl Operator {
 impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
+        // Kept when the test fails: it tells what the operator did.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
@@ -1136,6 +1140,9 @@ spec:
         operator.log()
     );
     drop(operator);
+    // They hold tokens.
+    let _ = std::fs::remove_file(&operator_config);
+    let _ = std::fs::remove_file(&completer_config);
     let _ = kubectl([
         "delete",
         "clusterrole",
