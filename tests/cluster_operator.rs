@@ -1015,6 +1015,22 @@ fn service_account_kubeconfig(ns: &str, sa: &str) -> PathBuf {
     path
 }
 
+/// Cluster-scoped objects a test created, deleted when it ends.
+struct ClusterScoped(Vec<String>);
+
+impl Drop for ClusterScoped {
+    fn drop(&mut self) {
+        for object in &self.0 {
+            let _ = kubectl([
+                "delete",
+                object.as_str(),
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+    }
+}
+
 /// The chart's RBAC, rendered for release `release` in `ns` (the template
 /// uses only `.Release.Name` and `.Release.Namespace`).
 fn rbac_manifests(release: &str, ns: &str) -> String {
@@ -1040,6 +1056,12 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
         return;
     };
     let release = ns.name.clone();
+    // Cluster-scoped: not deleted with the namespace, so deleted on drop
+    // (also when the test fails).
+    let _cluster_scoped = ClusterScoped(vec![
+        format!("clusterrole/{release}-operator"),
+        format!("clusterrolebinding/{release}-operator"),
+    ]);
     apply(&ns.name, &rbac_manifests(&release, &ns.name));
     // Namespace-scoped run: the ClusterRole bound in this namespace only.
     kubectl_ok([
@@ -1143,18 +1165,6 @@ spec:
     // They hold tokens.
     let _ = std::fs::remove_file(&operator_config);
     let _ = std::fs::remove_file(&completer_config);
-    let _ = kubectl([
-        "delete",
-        "clusterrole",
-        &format!("{release}-operator"),
-        "--ignore-not-found",
-    ]);
-    let _ = kubectl([
-        "delete",
-        "clusterrolebinding",
-        &format!("{release}-operator"),
-        "--ignore-not-found",
-    ]);
     ns.delete(&client).await;
 }
 
