@@ -4,6 +4,7 @@ pub mod cli;
 pub mod core;
 pub mod engine;
 pub mod model;
+pub mod operator;
 pub mod runner;
 pub mod standalone;
 pub mod store;

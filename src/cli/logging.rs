@@ -11,6 +11,7 @@ pub fn init(default_level: &str) {
     let json = std::env::var("AGENTS_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second init (tests calling in-process) keeps the first.
     let _ = if json {

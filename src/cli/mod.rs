@@ -2,6 +2,7 @@
 //! kubectl plugin `kubectl-agents`).
 
 mod logging;
+mod operator_cmd;
 pub mod out;
 mod run_cmd;
 mod session_cmd;
@@ -37,6 +38,16 @@ pub enum Command {
     /// complete, approve, deny, run-isolated.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Run the operator: reconcile Sessions in the cluster of the current
+    /// kubeconfig context (or the pod's service account) until SIGTERM.
+    Operator(OperatorArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct OperatorArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, short = 'n', env = "AGENTS_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -181,7 +192,12 @@ pub enum SessionCommand {
 /// Runs the command line; errors are printed by the caller.
 pub fn main() -> ExitCode {
     let cli = Cli::parse_from(plugin_aware_args());
-    logging::init("warn");
+    // The operator's logs are its output; a CLI command's are noise unless asked for.
+    logging::init(if matches!(cli.command, Command::Operator(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     let result = match cli.command {
         Command::Crds => {
             out::text(&crate::api::crds_yaml());
@@ -189,6 +205,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
+        Command::Operator(args) => operator_cmd::run(args),
     };
     match result {
         Ok(code) => code,
@@ -207,6 +224,11 @@ fn plugin_aware_args() -> Vec<std::ffi::OsString> {
         let is_plugin = std::path::Path::new(first)
             .file_name()
             .is_some_and(|n| n.to_string_lossy().starts_with("kubectl-agents"));
+        if is_plugin && std::env::var_os("AGENTS_STORE").is_none() {
+            // As `kubectl agents` the cluster is the default store; clap
+            // reads the default from this variable.
+            std::env::set_var("AGENTS_STORE", "kube");
+        }
         args[0] = if is_plugin {
             "kubectl agents".into()
         } else {

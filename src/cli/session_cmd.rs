@@ -4,10 +4,14 @@ use super::run_cmd::block_on;
 use super::{OutputFormat, SessionCommand};
 use crate::core::ids::validate_name;
 use crate::core::ContinuationToken;
-use crate::standalone::commands::{self, Output};
+use crate::standalone::commands::{self, Output, StoreSel};
 use crate::store::ENGINE_BY;
 use anyhow::Context;
 use std::process::ExitCode;
+
+fn sel(store: &super::StoreArgs) -> StoreSel {
+    StoreSel::new(&store.store, store.namespace.as_deref())
+}
 
 fn output(f: OutputFormat) -> Output {
     Output {
@@ -49,31 +53,31 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
     block_on(async move {
         match cmd {
             SessionCommand::List { store, output: o } => {
-                commands::list(&store.store, output(o)).await
+                commands::list(&sel(&store), output(o)).await
             }
             SessionCommand::Show {
                 session,
                 store,
                 output: o,
-            } => commands::show(&session, &store.store, output(o)).await,
+            } => commands::show(&session, &sel(&store), output(o)).await,
             SessionCommand::Pending {
                 session,
                 store,
                 output: o,
-            } => commands::pending(&session, &store.store, output(o)).await,
+            } => commands::pending(&session, &sel(&store), output(o)).await,
             SessionCommand::Pause { session, store } => {
-                commands::pause(&session, &store.store).await
+                commands::pause(&session, &sel(&store)).await
             }
             SessionCommand::Resume {
                 session,
                 store,
                 output: o,
-            } => commands::resume(&session, &store.store, output(o)).await,
+            } => commands::resume(&session, &sel(&store), output(o)).await,
             SessionCommand::Retry {
                 session,
                 store,
                 output: o,
-            } => commands::retry(&session, &store.store, output(o)).await,
+            } => commands::retry(&session, &sel(&store), output(o)).await,
             SessionCommand::Complete {
                 token,
                 result_file,
@@ -90,23 +94,23 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
                 };
                 let result =
                     commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
-                commands::complete(&token, result, &by, &store.store).await
+                commands::complete(&token, result, &by, &sel(&store)).await
             }
             SessionCommand::Approve { token, by, store } => {
-                commands::decide(&token, true, None, &by, &store.store).await
+                commands::decide(&token, true, None, &by, &sel(&store)).await
             }
             SessionCommand::Deny {
                 token,
                 reason,
                 by,
                 store,
-            } => commands::decide(&token, false, reason, &by, &store.store).await,
+            } => commands::decide(&token, false, reason, &by, &sel(&store)).await,
             SessionCommand::RunIsolated {
                 session,
                 timeout_seconds,
                 store,
             } => {
-                commands::run_isolated(&session, timeout_seconds, &store.store, Output::default())
+                commands::run_isolated(&session, timeout_seconds, &sel(&store), Output::default())
                     .await
             }
         }

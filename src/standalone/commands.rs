@@ -1,7 +1,8 @@
 //! What `agents run` and `agents session ...` do against a store. The CLI
 //! parses flags and calls these; each returns the process exit code.
 
-use super::definition::{self, Definition, RunnableAgent};
+use super::any_store::AnyStore;
+use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
 use crate::cli::out;
@@ -12,6 +13,7 @@ use crate::core::{
 use crate::engine::Roles;
 use crate::runner::ProcessRunner;
 use crate::standalone::progress::shell_quote;
+use crate::store::kube::KubeStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Decision, SessionInput, SessionRecord, Store, StoreError, WriteOnce};
 use anyhow::{anyhow, bail, Context};
@@ -33,7 +35,23 @@ impl Output {
     }
 }
 
-/// Opens the store named by `--store`.
+/// Which store a command works on: `--store`, and `-n` for the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct StoreSel {
+    pub url: String,
+    pub namespace: Option<String>,
+}
+
+impl StoreSel {
+    pub fn new(url: &str, namespace: Option<&str>) -> Self {
+        StoreSel {
+            url: url.to_string(),
+            namespace: namespace.map(str::to_string),
+        }
+    }
+}
+
+/// Opens the embedded store named by `--store` (`agents run`).
 pub fn open_store(url: &str) -> anyhow::Result<SqliteStore> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
@@ -42,23 +60,37 @@ pub fn open_store(url: &str) -> anyhow::Result<SqliteStore> {
         return Ok(SqliteStore::open(path)?);
     }
     if url == "kube" {
-        bail!("the kube store comes with the operator and is not in this build yet; use --store sqlite:PATH");
+        bail!("`agents run` drives a session on the embedded store; in a cluster, `kubectl apply -f FILE` and the operator runs it (`agents session ... --store kube` follows it)");
     }
     bail!("unknown store {url:?}; use sqlite:PATH (embedded) or kube (the cluster)")
 }
 
-/// `--store` as typed again in hints; empty for the default.
-fn store_flag(url: &str) -> String {
-    if url == "sqlite:./agents.db" {
+/// Opens the store named by `--store` and `-n`.
+pub async fn open(sel: &StoreSel) -> anyhow::Result<AnyStore> {
+    if sel.url == "kube" {
+        return Ok(AnyStore::Kube(Box::new(
+            KubeStore::from_kubeconfig(sel.namespace.as_deref()).await?,
+        )));
+    }
+    Ok(AnyStore::Sqlite(open_store(&sel.url)?))
+}
+
+/// `--store` (and `-n`) as typed again in hints; empty for the default.
+fn store_flag(sel: &StoreSel) -> String {
+    let mut flag = if sel.url == "sqlite:./agents.db" {
         String::new()
     } else {
-        format!("--store {}", shell_quote(url))
+        format!("--store {}", shell_quote(&sel.url))
+    };
+    if let (true, Some(ns)) = (sel.url == "kube", &sel.namespace) {
+        flag.push_str(&format!(" -n {}", shell_quote(ns)));
     }
+    flag
 }
 
 /// `agents run` and `resume` leave isolated calls to a worker
 /// (`agents session run-isolated`).
-fn options(store_url: &str) -> DriveOptions {
+fn options(sel: &StoreSel) -> DriveOptions {
     DriveOptions {
         roles: Some(Roles {
             model: true,
@@ -66,7 +98,7 @@ fn options(store_url: &str) -> DriveOptions {
             isolated: false,
         }),
         runner: ProcessRunner::default(),
-        store_flag: store_flag(store_url),
+        store_flag: store_flag(sel),
     }
 }
 
@@ -75,23 +107,6 @@ fn exit_for(outcome: &Outcome) -> ExitCode {
         Outcome::Failed { .. } => ExitCode::FAILURE,
         _ => ExitCode::SUCCESS,
     }
-}
-
-/// Loads a stored session and rebuilds its agent from the stored definition.
-async fn load_agent<S: Store>(
-    store: &S,
-    id: &SessionId,
-) -> anyhow::Result<(SessionRecord, Definition, RunnableAgent)> {
-    let loaded = store
-        .load_session(id)
-        .await?
-        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    let def: Definition = serde_json::from_value(loaded.value.definition.clone())
-        .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
-    let agent = def
-        .build(loaded.value.created_at)
-        .map_err(|e| anyhow!("session {id}: {e}"))?;
-    Ok((loaded.value, def, agent))
 }
 
 /// `agents run -f FILE`: create (or continue) the session and drive it.
@@ -168,68 +183,64 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             }
         }
     }
-    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
+    let sel = StoreSel::new(store_url, None);
+    let outcome = drive(&store, &agent, &id, &options(&sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
-/// Changes the stored input with compare-and-swap (retrying on conflict).
-async fn update_input(
-    store: &SqliteStore,
-    id: &SessionId,
-    change: impl Fn(&mut SessionInput),
-) -> anyhow::Result<()> {
-    for _ in 0..16 {
-        let loaded = store
-            .load_session(id)
-            .await?
-            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-        let mut record = loaded.value;
-        let before = record.input.clone();
-        change(&mut record.input);
-        if record.input == before {
-            return Ok(());
-        }
-        record.updated_at = now();
-        match store.save_session(&record, &loaded.version).await {
-            Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    bail!("session {id} kept changing under this process; try again")
-}
-
-pub async fn resume(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, agent) = load_agent(&store, &id).await?;
-    update_input(&store, &id, |i| i.paused = false).await?;
-    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
+    let (_, _, agent) = store.load_agent(&id).await?;
+    store.update_input(&id, |i| i.paused = false).await?;
+    if store.is_kube() {
+        out::line(&format!(
+            "session {id} resumed (spec.paused is false); the operator drives it on"
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let outcome = drive(&store, &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
 /// `agents session retry`: a session that failed (its model kept failing,
 /// say) runs again from its last checkpoint.
-pub async fn retry(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn retry(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = load_agent(&store, &id).await?;
+    let (record, _, agent) = store.load_agent(&id).await?;
     if record.state.phase != Phase::Failed {
         bail!(
             "session {id} has not failed (it is {:?}); only a failed session can be retried",
             record.state.phase
         );
     }
-    update_input(&store, &id, |i| i.retry = record.state.retries_taken + 1).await?;
-    let outcome = drive(&store, &agent, &id, &options(store_url), &|p| out.emit(p)).await?;
+    store
+        .update_input(&id, |i| i.retry = record.state.retries_taken + 1)
+        .await?;
+    if store.is_kube() {
+        out::line(&format!(
+            "session {id} retries (spec.retry is {}); the operator runs it again from its last checkpoint",
+            record.state.retries_taken + 1
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let outcome = drive(&store, &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
-pub async fn pause(session: &str, store_url: &str) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn pause(session: &str, sel: &StoreSel) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, agent) = load_agent(&store, &id).await?;
-    update_input(&store, &id, |i| i.paused = true).await?;
+    let (_, _, agent) = store.load_agent(&id).await?;
+    store.update_input(&id, |i| i.paused = true).await?;
+    if store.is_kube() {
+        let flag = store_flag(sel);
+        out::line(&format!(
+            "session {id} paused (spec.paused); the operator stops it after the current step; no model or tool call starts until `agents session resume {id} {flag}`"
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
     sync_input(&store, &agent, &id).await?;
     out::line(&format!(
         "session {id} paused; no model or tool call starts until `agents session resume {id}`"
@@ -237,8 +248,8 @@ pub async fn pause(session: &str, store_url: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn list(store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn list(sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let sessions = store.list_sessions().await?;
     if out.json {
         out::line(&serde_json::to_string(&sessions)?);
@@ -260,10 +271,10 @@ pub async fn list(store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn show(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn show(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = load_agent(&store, &id).await?;
+    let (record, _, agent) = store.load_agent(&id).await?;
     // Show what the session will see: results recorded but not yet applied.
     let _ = record;
     let state = preview(&store, &agent, &id).await?;
@@ -337,13 +348,13 @@ fn print_conversation(state: &SessionState) {
     }
 }
 
-pub async fn pending(session: &str, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = load_agent(&store, &id).await?;
+    let (record, _, agent) = store.load_agent(&id).await?;
     let records = store.session_continuations(&id).await?;
     let state = preview(&store, &agent, &id).await?;
-    let opts = options(store_url);
+    let opts = options(sel);
     let waiting = driver::pending_calls(&state, &opts, opts.roles.unwrap_or(Roles::ALL));
     // A call completed in its continuation but not yet resumed is not pending.
     let waiting: Vec<_> = waiting
@@ -410,19 +421,26 @@ pub fn parse_result(
 
 /// Opens the store and the continuation behind `token`, or says the token is unknown.
 async fn open_continuation(
-    store_url: &str,
+    sel: &StoreSel,
     token: &str,
 ) -> anyhow::Result<(
-    SqliteStore,
+    AnyStore,
     ContinuationToken,
     crate::store::ContinuationRecord,
 )> {
-    let store = open_store(store_url)?;
+    let store = open(sel).await?;
     let token = ContinuationToken(token.to_string());
-    let record = store
-        .get_continuation(&token)
-        .await?
-        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+    let record = match store.get_continuation(&token).await? {
+        Some(r) => r,
+        None => match &store {
+            AnyStore::Kube(k) => bail!(
+                "no continuation with token {token} in namespace {}; `agents session pending SESSION --store kube` (or `kubectl get continuations -n {}`) lists the open ones",
+                k.namespace(),
+                k.namespace()
+            ),
+            AnyStore::Sqlite(_) => return Err(StoreError::UnknownToken(token.clone()).into()),
+        },
+    };
     Ok((store, token, record))
 }
 
@@ -430,9 +448,9 @@ pub async fn complete(
     token: &str,
     result: ToolResult,
     by: &str,
-    store_url: &str,
+    sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
-    let (store, token, record) = open_continuation(store_url, token).await?;
+    let (store, token, record) = open_continuation(sel, token).await?;
     if record.spec.waiting_for == WaitingFor::Approval && record.decision.is_none() {
         bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
     }
@@ -446,7 +464,7 @@ pub async fn complete(
                 "completed {token} ({})",
                 record.spec.tool_call.name
             ));
-            print_next_step(&store, &session, store_url).await?;
+            print_next_step(&store, &session, sel).await?;
             Ok(ExitCode::SUCCESS)
         }
         WriteOnce::AlreadySame { by, .. } => {
@@ -465,24 +483,34 @@ pub async fn complete(
     }
 }
 
-async fn print_next_step<S: Store>(
-    store: &S,
+async fn print_next_step(
+    store: &AnyStore,
     session: &SessionId,
-    store_url: &str,
+    sel: &StoreSel,
 ) -> anyhow::Result<()> {
-    let open = store
-        .session_continuations(session)
-        .await?
+    let records = match store {
+        // Continuations only: a completer's Role may read nothing else.
+        AnyStore::Kube(k) => match k.labelled_continuations(session).await {
+            Ok(r) => r,
+            Err(_) => return Ok(()),
+        },
+        AnyStore::Sqlite(_) => store.session_continuations(session).await?,
+    };
+    let open = records
         .into_iter()
         .filter(|r| !r.is_completed() && r.decision.is_none())
         .count();
-    let flag = store_flag(store_url);
+    let flag = store_flag(sel);
     let flag = if flag.is_empty() {
         flag
     } else {
         format!(" {flag}")
     };
-    if open == 0 {
+    if open == 0 && store.is_kube() {
+        out::line(&format!(
+            "no call of session {session} waits any more; the operator takes it on (kubectl get session {session} -w)"
+        ));
+    } else if open == 0 {
         out::line(&format!(
             "no call of session {session} waits any more: agents session resume {session}{flag}"
         ));
@@ -497,9 +525,9 @@ pub async fn decide(
     approved: bool,
     reason: Option<String>,
     by: &str,
-    store_url: &str,
+    sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
-    let (store, token, record) = open_continuation(store_url, token).await?;
+    let (store, token, record) = open_continuation(sel, token).await?;
     if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
         bail!(
             "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",
@@ -517,7 +545,11 @@ pub async fn decide(
         WriteOnce::Recorded => {
             out::line(&format!("{word} {token} ({})", record.spec.tool_call.name));
             let session = &record.spec.session;
-            let flag = store_flag(store_url);
+            let flag = store_flag(sel);
+            if store.is_kube() {
+                out::line("the operator acts on it");
+                return Ok(ExitCode::SUCCESS);
+            }
             out::line(&format!(
                 "it takes effect when the session runs: agents session resume {session}{}",
                 if flag.is_empty() {
@@ -548,12 +580,12 @@ pub async fn decide(
 pub async fn run_isolated(
     session: &str,
     timeout_seconds: u64,
-    store_url: &str,
+    sel: &StoreSel,
     out: Output,
 ) -> anyhow::Result<ExitCode> {
-    let store = open_store(store_url)?;
+    let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, mut agent) = load_agent(&store, &id).await?;
+    let (_, _, mut agent) = store.load_agent(&id).await?;
     let records = store.session_continuations(&id).await?;
     if driver::isolated_work(&records).is_empty() {
         out::line(&format!("session {id} has no isolated call waiting to run"));
@@ -567,7 +599,7 @@ pub async fn run_isolated(
             isolated: true,
         }),
         runner: ProcessRunner::default(),
-        store_flag: store_flag(store_url),
+        store_flag: store_flag(sel),
     };
     let quiet_yield = |p: &Progress| {
         if !matches!(p, Progress::Yielded { .. }) {
@@ -576,7 +608,7 @@ pub async fn run_isolated(
     };
     drive(&store, &agent, &id, &opts, &quiet_yield).await?;
     if !out.json {
-        print_next_step(&store, &id, store_url).await?;
+        print_next_step(&store, &id, sel).await?;
     }
     Ok(ExitCode::SUCCESS)
 }

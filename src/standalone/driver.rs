@@ -10,12 +10,12 @@ use crate::core::{
     AgentTurn, Disposition, Millis, SessionId, SessionState, ToolCall, ToolResult, WaitingFor,
 };
 use crate::engine::{
-    self, AgentRuntime, Clock, EngineError, Holder, ModelFailure, ModelInput, ModelPort, Ports,
-    Roles, RunKind, RunStatus, RunnerPort, StepOutcome, SystemClock, ToolPort,
+    self, AgentRuntime, CachePort, Clock, ContinuationPort, EngineError, Holder, ModelFailure,
+    ModelInput, ModelPort, Ports, Roles, RunKind, RunStatus, RunnerPort, SessionPort, StepOutcome,
+    SystemClock, ToolPort,
 };
 use crate::model::{ModelClient, ModelRequest};
 use crate::runner::ProcessRunner;
-use crate::store::sqlite::SqliteStore;
 use crate::store::{ContinuationRecord, StoreError};
 use crate::tools::Toolbox;
 use futures::future::BoxFuture;
@@ -54,8 +54,8 @@ pub struct DriveOptions {
 
 pub type DriveError = EngineError;
 
-/// The model port over the configured client.
-struct AgentModel<'a>(&'a ModelClient);
+/// The model port over the configured client (the operator uses it too).
+pub(crate) struct AgentModel<'a>(pub(crate) &'a ModelClient);
 
 impl ModelPort for AgentModel<'_> {
     fn reply<'a>(
@@ -79,7 +79,8 @@ impl ModelPort for AgentModel<'_> {
     }
 }
 
-struct AgentTools<'a>(&'a Toolbox);
+/// The in-step tools port over the agent's toolbox.
+pub(crate) struct AgentTools<'a>(pub(crate) &'a Toolbox);
 
 impl ToolPort for AgentTools<'_> {
     fn run<'a>(
@@ -143,11 +144,16 @@ pub fn runtime(agent: &RunnableAgent) -> AgentRuntime {
     }
 }
 
+/// A store with the engine's store ports: the embedded one, or the
+/// cluster's (`agents session run-isolated --store kube`).
+pub trait StorePorts: SessionPort + ContinuationPort + CachePort {}
+impl<T: SessionPort + ContinuationPort + CachePort> StorePorts for T {}
+
 /// Steps the session until it succeeds, fails, yields or is paused. Waits
 /// (without writing) while another driver holds work, and sleeps through
 /// its own retries' backoff.
 pub async fn drive(
-    store: &SqliteStore,
+    store: &impl StorePorts,
     agent: &RunnableAgent,
     id: &SessionId,
     opts: &DriveOptions,
@@ -201,7 +207,7 @@ pub async fn drive(
 /// Runs one step that starts no work: it takes in what the record's input
 /// says (messages, pause, resume, retry) and checkpoints.
 pub async fn sync_input(
-    store: &SqliteStore,
+    store: &impl StorePorts,
     agent: &RunnableAgent,
     id: &SessionId,
 ) -> Result<SessionState, DriveError> {
@@ -235,11 +241,10 @@ pub async fn sync_input(
 /// The session as the next step will see it (outside results applied),
 /// without writing anything: for `show` and `pending` on a read-only store.
 pub async fn preview(
-    store: &SqliteStore,
+    store: &impl StorePorts,
     agent: &RunnableAgent,
     id: &SessionId,
 ) -> Result<SessionState, StoreError> {
-    use crate::engine::{ContinuationPort, SessionPort};
     let loaded = SessionPort::load(store, id)
         .await?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;

@@ -7,7 +7,9 @@
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | what a run prints (text or JSON lines) |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
+//! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
+pub mod any_store;
 pub mod commands;
 pub mod definition;
 pub mod driver;

@@ -12,6 +12,7 @@
 //!   the same value is harmless, a different one is refused
 //!   (the CEL transition rule in a cluster, a guarded `UPDATE` here).
 
+pub mod kube;
 pub mod ports;
 pub mod spill;
 pub mod sqlite;

@@ -1,0 +1,148 @@
+//! The Agent controller: each Agent is checked as a session would use it
+//! (policy globs, tools, model, the Secret it names) and the result is its
+//! `Ready` condition, so a broken agent is visible before a session runs it.
+
+use super::{prepare, Context, NotReady, INVALID_RECHECK};
+use crate::api::agent::AgentStatus;
+use crate::api::session::AgentRef;
+use crate::api::{Agent, SessionSpec};
+use crate::core::conditions::{self, Condition, Status};
+use crate::engine::{Clock, SystemClock};
+use crate::store::kube::meta_condition;
+use futures::{Future, StreamExt};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// An agent's Secret may appear later, and Secrets are not watched.
+const RECHECK: Duration = Duration::from_secs(60);
+
+pub fn controller(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+) -> impl Future<Output = ()> {
+    Controller::new(
+        super::api::<Agent>(client, namespace),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, ctx)
+    .for_each(|res| async move {
+        if let Err(e) = res {
+            debug!(error = %e, "agent reconcile not done");
+        }
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the API server: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("agent {0} has no namespace")]
+    NoNamespace(String),
+}
+
+async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = agent.name_any();
+    let ns = agent
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    // The checks a session referring to it would meet.
+    let probe = SessionSpec {
+        agent_ref: Some(AgentRef { name: name.clone() }),
+        agent: None,
+        messages: Vec::new(),
+        paused: false,
+        limits: None,
+        retry: None,
+    };
+    let created = SystemClock.now();
+    let (ready, recheck) = match prepare(
+        &ctx,
+        &ns,
+        "agent-check",
+        Some(name.clone()),
+        agent.spec.clone(),
+        &probe,
+        created,
+    )
+    .await
+    {
+        Ok(_) => (
+            Condition::new(
+                "Ready",
+                Status::True,
+                "Valid",
+                "policy, tools and model are valid",
+            ),
+            RECHECK,
+        ),
+        Err(NotReady {
+            reason,
+            message,
+            recheck,
+        }) => (
+            Condition::new("Ready", Status::False, reason, message),
+            recheck.min(INVALID_RECHECK),
+        ),
+    };
+    let status = agent.status.clone().unwrap_or_default();
+    let previous: Vec<conditions::Condition> = Vec::new();
+    let mut wanted = conditions::merge(&previous, vec![ready], agent.metadata.generation, created);
+    let wanted = meta_condition(&wanted.remove(0));
+    let unchanged = status.observed_generation == agent.metadata.generation
+        && status.conditions.iter().any(|c| {
+            c.type_ == "Ready"
+                && c.status == wanted.status
+                && c.reason == wanted.reason
+                && c.message == wanted.message
+                && c.observed_generation == wanted.observed_generation
+        });
+    if unchanged {
+        return Ok(Action::requeue(recheck));
+    }
+    // Keep the transition time while the status holds.
+    let mut wanted = wanted;
+    if let Some(old) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == wanted.status)
+    {
+        wanted.last_transition_time = old.last_transition_time.clone();
+    }
+    let mut conditions: Vec<_> = status
+        .conditions
+        .into_iter()
+        .filter(|c| c.type_ != "Ready")
+        .collect();
+    conditions.push(wanted.clone());
+    let next = AgentStatus {
+        conditions,
+        observed_generation: agent.metadata.generation,
+    };
+    let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
+    agents
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": next })),
+        )
+        .await?;
+    if wanted.status == "True" {
+        info!(agent = %format!("{ns}/{name}"), "agent valid");
+    } else {
+        warn!(agent = %format!("{ns}/{name}"), reason = %wanted.reason, message = %wanted.message, "agent not ready");
+    }
+    Ok(Action::requeue(recheck))
+}
+
+fn error_policy(agent: Arc<Agent>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(agent = %agent.name_any(), error = %error, "agent reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}

@@ -1,0 +1,174 @@
+//! `runAsync` in the operator: each attempt runs as a tokio task outside
+//! the reconcile; its end triggers a reconcile of its Session, whose step
+//! (re-issuing `start` for the call this holder claims) takes the result.
+//!
+//! Runs are keyed by (session UID, token, attempt): a second `start` of a
+//! run under way adopts it, so no attempt runs twice in this process. After
+//! a restart the map is empty: the engine sees the dead holder's claim (an
+//! earlier instance of this identity), claims the call again and starts it
+//! under the same idempotency key.
+//!
+//! A Session that is deleted (or re-created under its name, with a new UID)
+//! takes its runs with it: a janitor aborts them and drops their results.
+
+use crate::api::Session;
+use crate::core::envelope::CallEnvelope;
+use crate::core::{SessionState, ToolResult, WaitingFor};
+use crate::engine::{RunKind, RunStatus, RunnerPort};
+use crate::tools::Toolbox;
+use futures::future::BoxFuture;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::AbortHandle;
+use tracing::{debug, info};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RunKey {
+    uid: String,
+    token: String,
+    attempt: u32,
+}
+
+enum Run {
+    InFlight(AbortHandle),
+    Finished(ToolResult),
+}
+
+/// The operator's background runs, shared by every reconcile.
+pub struct Background {
+    runs: Mutex<HashMap<RunKey, Run>>,
+    wake: UnboundedSender<ObjectRef<Session>>,
+}
+
+impl Background {
+    /// `wake` feeds `Controller::reconcile_on`.
+    pub fn new(wake: UnboundedSender<ObjectRef<Session>>) -> Self {
+        Background {
+            runs: Mutex::new(HashMap::new()),
+            wake,
+        }
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        session: &ObjectRef<Session>,
+        uid: &str,
+        tools: &Arc<Toolbox>,
+        envelope: &CallEnvelope,
+        attempt: u32,
+        timeout: Duration,
+    ) -> RunStatus {
+        let key = RunKey {
+            uid: uid.to_string(),
+            token: envelope.token.0.clone(),
+            attempt,
+        };
+        let mut runs = self.runs.lock().expect("runs lock");
+        match runs.get(&key) {
+            Some(Run::Finished(result)) => return RunStatus::Finished(result.clone()),
+            Some(Run::InFlight(_)) => return RunStatus::InFlight,
+            None => {}
+        }
+        let this = Arc::clone(self);
+        let tools = Arc::clone(tools);
+        let call = envelope.tool_call.clone();
+        let idempotency_key = envelope.context.idempotency_key.clone();
+        let session = session.clone();
+        let task_key = key.clone();
+        info!(session = %session, token = %key.token, attempt, tool = %call.name, "background run started");
+        let task = tokio::spawn(async move {
+            let result = tools.run(&call, &idempotency_key, Some(timeout)).await;
+            let ok = matches!(result, ToolResult::Success { .. });
+            this.runs
+                .lock()
+                .expect("runs lock")
+                .insert(task_key.clone(), Run::Finished(result));
+            info!(session = %session, token = %task_key.token, attempt = task_key.attempt, ok, "background run finished");
+            // The step that takes the result runs at once, not at a requeue.
+            let _ = this.wake.send(session);
+        });
+        runs.insert(key, Run::InFlight(task.abort_handle()));
+        RunStatus::InFlight
+    }
+
+    /// Drops finished results of `uid` that its state no longer waits for
+    /// (the step recorded them).
+    pub fn prune(&self, uid: &str, state: &SessionState) {
+        let waiting: HashSet<&str> = state
+            .pending()
+            .into_iter()
+            .filter(|c| c.waiting_for == Some(WaitingFor::Background))
+            .filter_map(|c| c.token.as_ref().map(|t| t.0.as_str()))
+            .collect();
+        self.runs.lock().expect("runs lock").retain(|k, run| {
+            k.uid != uid || matches!(run, Run::InFlight(_)) || waiting.contains(k.token.as_str())
+        });
+    }
+
+    /// Aborts and forgets the runs of sessions that no longer exist.
+    pub fn sweep(&self, sessions: &Store<Session>) {
+        let live: HashSet<String> = sessions.state().iter().filter_map(|s| s.uid()).collect();
+        let mut runs = self.runs.lock().expect("runs lock");
+        runs.retain(|k, run| {
+            if live.contains(&k.uid) {
+                return true;
+            }
+            if let Run::InFlight(handle) = run {
+                info!(uid = %k.uid, token = %k.token, "session deleted; its background run is stopped");
+                handle.abort();
+            } else {
+                debug!(uid = %k.uid, token = %k.token, "session deleted; its background result is dropped");
+            }
+            false
+        });
+    }
+
+    /// Runs in flight (for tests and logs).
+    pub fn in_flight(&self) -> usize {
+        self.runs
+            .lock()
+            .expect("runs lock")
+            .values()
+            .filter(|r| matches!(r, Run::InFlight(_)))
+            .count()
+    }
+}
+
+/// The runner port one reconcile uses: background runs for this session;
+/// isolated calls are left to a worker (`agents session run-isolated
+/// --store kube`) until the Job runner comes.
+pub struct SessionRunner {
+    pub background: Arc<Background>,
+    pub session: ObjectRef<Session>,
+    pub uid: String,
+    pub tools: Arc<Toolbox>,
+}
+
+impl RunnerPort for SessionRunner {
+    fn start<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+        timeout: Duration,
+    ) -> BoxFuture<'a, RunStatus> {
+        let status = match kind {
+            RunKind::Background => self.background.start(
+                &self.session,
+                &self.uid,
+                &self.tools,
+                envelope,
+                attempt,
+                timeout,
+            ),
+            // The operator's roles exclude isolated runs; should one come,
+            // it stays with whoever claims it.
+            RunKind::Isolated(_) => RunStatus::InFlight,
+        };
+        Box::pin(async move { status })
+    }
+}

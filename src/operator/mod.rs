@@ -1,0 +1,596 @@
+//! `agents operator`: the cluster driver of the engine.
+//!
+//! A kube-runtime `Controller` for `Session`s that owns their
+//! `Continuation`s (a result written to one reconciles its Session at
+//! once) and watches `Agent`s (a session waiting for its agent proceeds
+//! when it appears). One reconcile:
+//!
+//! 1. resolve the agent (`spec.agentRef` in the same namespace, or the
+//!    inline `spec.agent`), its model client (the OpenAI key from the
+//!    Secret the Agent names) and tools; a missing or invalid one is the
+//!    operator's `Ready=False` condition with a reason, and a requeue;
+//! 2. one [`engine::step`] over the [`KubeStore`] with the roles
+//!    model + background (isolated calls wait for a worker until the Job
+//!    runner comes);
+//! 3. Events for what the step did; a requeue at the engine's wake time.
+//!
+//! `runAsync` attempts run as tasks in this process ([`background`]); the
+//! end of one reconciles its Session through `Controller::reconcile_on`.
+
+pub mod agents;
+pub mod background;
+pub mod events;
+
+use crate::api::agent::ModelProvider;
+use crate::api::{Agent, AgentSpec, Continuation, Session};
+use crate::core::conditions::{Condition, Status};
+use crate::core::SessionId;
+use crate::engine::{
+    self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, StepOutcome, SystemClock,
+};
+use crate::model::{ModelClient, OpenAiModel};
+use crate::standalone::definition::Definition;
+use crate::standalone::driver::{AgentModel, AgentTools};
+use crate::standalone::progress::Progress;
+use crate::store::kube::{KubeStore, MemoryCache};
+use crate::store::StoreError;
+use crate::tools::Toolbox;
+use background::{Background, SessionRunner};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// The name the operator reports Events and writes as.
+pub const CONTROLLER_NAME: &str = "agents-exe-operator";
+
+/// A session waiting only on the outside is looked at again after this
+/// long even without a watch event (deadlines come from the engine).
+const IDLE_RECHECK: Duration = Duration::from_secs(300);
+/// Recheck of a session whose agent or Secret is missing (the Agent watch
+/// wakes it sooner; Secrets are not watched: `get` is all we may do).
+const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
+/// Recheck of a session whose spec is invalid: it changes only by an edit,
+/// which the watch delivers.
+const INVALID_RECHECK: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Watch only this namespace (all when `None`).
+    pub namespace: Option<String>,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub holder: Holder,
+    pub recorder: Recorder,
+    pub background: Arc<Background>,
+    pub cache: Arc<MemoryCache>,
+    /// Failed reconciles in a row, per session, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// Waits already announced as Events (session UID, token, what it waits
+    /// for): every step re-ensures open continuations, which is no news.
+    announced: Mutex<HashSet<String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the API server: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("session {0} has no namespace")]
+    NoNamespace(String),
+}
+
+impl Error {
+    /// Errors that retrying soon will not fix (stored data that cannot be
+    /// read); everything else (API errors, conflicts) is retried with backoff.
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(StoreError::Corrupt { .. })
+                | Error::Engine(EngineError::Store(StoreError::Corrupt { .. }))
+                | Error::NoNamespace(_)
+        )
+    }
+}
+
+/// This replica's stable identity: the pod name, else the host name.
+pub fn identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "operator".into())
+}
+
+/// Runs the controllers until SIGINT/SIGTERM.
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let client = Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
+    })?;
+    run_with(client, opts).await
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
+    let ns = opts.namespace.as_deref();
+    let identity = identity();
+    let holder = Holder::operator(&identity);
+    info!(
+        holder = holder.name(),
+        namespace = ns.unwrap_or("(all)"),
+        "operator starting"
+    );
+    let controller = Controller::new(api::<Session>(&client, ns), watcher::Config::default());
+    let sessions = controller.store();
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Session>>();
+    let background = Arc::new(Background::new(wake_tx));
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        holder,
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(identity),
+            },
+        ),
+        background: background.clone(),
+        cache: Arc::new(MemoryCache::default()),
+        failures: Mutex::new(HashMap::new()),
+        announced: Mutex::new(HashSet::new()),
+    });
+    tokio::spawn(sweep_loop(background, sessions.clone()));
+    let wakes =
+        futures::stream::unfold(
+            wake_rx,
+            |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+        );
+    let by_agent = sessions.clone();
+    let agents = agents::controller(&client, ns, ctx.clone());
+    let sessions_controller = controller
+        .owns(api::<Continuation>(&client, ns), watcher::Config::default())
+        .watches(
+            api::<Agent>(&client, ns),
+            watcher::Config::default(),
+            move |agent: Agent| sessions_using(&by_agent, &agent),
+        )
+        .reconcile_on(wakes)
+        .with_config(controller::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(session = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile not done"),
+            }
+        });
+    futures::join!(sessions_controller, agents);
+    info!("operator stopped");
+    Ok(())
+}
+
+async fn sweep_loop(background: Arc<Background>, sessions: Store<Session>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        background.sweep(&sessions);
+    }
+}
+
+/// The sessions that refer to `agent` by name.
+fn sessions_using(sessions: &Store<Session>, agent: &Agent) -> Vec<ObjectRef<Session>> {
+    let name = agent.name_any();
+    let ns = agent.namespace();
+    sessions
+        .state()
+        .iter()
+        .filter(|s| s.namespace() == ns)
+        .filter(|s| s.spec.agent_ref.as_ref().is_some_and(|r| r.name == name))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// Why a session cannot run now: its `Ready=False` condition.
+struct NotReady {
+    reason: &'static str,
+    message: String,
+    recheck: Duration,
+}
+
+/// The agent of a session, ready to run.
+struct Resolved {
+    runtime: AgentRuntime,
+    model: ModelClient,
+    tools: Arc<Toolbox>,
+    agent_name: String,
+}
+
+async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
+    let name = session.name_any();
+    let (agent_name, spec): (Option<String>, AgentSpec) = match (
+        &session.spec.agent,
+        &session.spec.agent_ref,
+    ) {
+        (Some(inline), _) => (None, inline.clone()),
+        (None, Some(r)) => {
+            let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), ns);
+            match agents.get_opt(&r.name).await {
+                    Ok(Some(a)) => (Some(r.name.clone()), a.spec),
+                    Ok(None) => {
+                        return Err(NotReady {
+                            reason: "AgentNotFound",
+                            message: format!(
+                                "agent {:?} (spec.agentRef) does not exist in namespace {ns}; the session waits until it is created",
+                                r.name
+                            ),
+                            recheck: NOT_READY_RECHECK * 4,
+                        })
+                    }
+                    Err(e) => {
+                        return Err(NotReady {
+                            reason: "AgentUnreadable",
+                            message: format!("agent {:?} cannot be read: {e}", r.name),
+                            recheck: NOT_READY_RECHECK,
+                        })
+                    }
+                }
+        }
+        (None, None) => {
+            return Err(NotReady {
+                reason: "InvalidSpec",
+                message: "set exactly one of spec.agentRef and spec.agent".into(),
+                recheck: INVALID_RECHECK,
+            })
+        }
+    };
+    let created = session
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(crate::api::convert::millis)
+        .unwrap_or_default();
+    prepare(ctx, ns, &name, agent_name, spec, &session.spec, created).await
+}
+
+/// The agent `spec` made runnable for a session: config, model client (its
+/// key read from the Secret it names), tools. The Agent controller runs the
+/// same checks to report an Agent's own `Ready`.
+async fn prepare(
+    ctx: &Context,
+    ns: &str,
+    session: &str,
+    agent_name: Option<String>,
+    spec: AgentSpec,
+    session_spec: &crate::api::SessionSpec,
+    created: crate::core::Millis,
+) -> Result<Resolved, NotReady> {
+    let definition = Definition {
+        session: session.to_string(),
+        agent_name: agent_name.clone(),
+        agent: spec.clone(),
+        spec: session_spec.clone(),
+    };
+    let mut agent = definition.build(created).map_err(|message| NotReady {
+        reason: "InvalidAgent",
+        message,
+        recheck: INVALID_RECHECK,
+    })?;
+    agent.config.model_timeout_secs = spec.model.timeout_seconds() as u64;
+    agent.config.model_retries = spec.model.max_retries();
+    agent.config.max_result_bytes = usize::try_from(spec.max_result_bytes()).unwrap_or(usize::MAX);
+    let model = match spec.model.provider {
+        ModelProvider::Scripted => agent.model.clone(),
+        ModelProvider::Openai => {
+            let o = spec.model.openai.as_ref().ok_or_else(|| NotReady {
+                reason: "InvalidAgent",
+                message: "spec.model.provider is openai but spec.model.openai is missing".into(),
+                recheck: INVALID_RECHECK,
+            })?;
+            let key = match &o.api_key_secret_ref {
+                None => None,
+                Some(r) => Some(read_secret(ctx, ns, &r.name, &r.key).await?),
+            };
+            ModelClient::OpenAi(OpenAiModel::new(
+                &o.base_url,
+                &o.model,
+                key,
+                Duration::from_secs(spec.model.timeout_seconds().into()),
+            ))
+        }
+    };
+    let runtime = AgentRuntime {
+        config: agent.config.clone(),
+        system_prompt: agent.system_prompt.clone(),
+        tools: agent.toolbox.schemas(),
+    };
+    Ok(Resolved {
+        runtime,
+        model,
+        tools: Arc::new(agent.toolbox),
+        agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
+    })
+}
+
+/// The API key from `Secret name`, key `key`. Never logged.
+async fn read_secret(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<String, NotReady> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = match secrets.get_opt(name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return Err(NotReady {
+                reason: "SecretNotFound",
+                message: format!(
+                    "Secret {name:?} (key {key:?}, the agent's spec.model.openai.apiKeySecretRef) does not exist in namespace {ns}; create it, e.g. kubectl -n {ns} create secret generic {name} --from-literal={key}=..."
+                ),
+                recheck: NOT_READY_RECHECK,
+            })
+        }
+        Err(e) => {
+            return Err(NotReady {
+                reason: "SecretUnreadable",
+                message: format!("Secret {name:?} in namespace {ns} cannot be read: {}", kube_reason(&e)),
+                recheck: NOT_READY_RECHECK,
+            })
+        }
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.trim().to_string())
+        });
+    match value {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(NotReady {
+            reason: "SecretKeyNotFound",
+            message: format!(
+                "Secret {name:?} in namespace {ns} has no (non-empty) key {key:?}, which the agent's spec.model.openai.apiKeySecretRef names"
+            ),
+            recheck: NOT_READY_RECHECK,
+        }),
+    }
+}
+
+fn kube_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+        other => other.to_string(),
+    }
+}
+
+fn ready(status: Status, reason: &str, message: String) -> Condition {
+    Condition::new("Ready", status, reason, message)
+}
+
+async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = session.name_any();
+    let ns = session
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let uid = session.uid().unwrap_or_default();
+    let key = format!("{ns}/{name}");
+    if session.metadata.deletion_timestamp.is_some() {
+        // Its continuations go by garbage collection; its runs by the sweep.
+        return Ok(Action::await_change());
+    }
+    let id = SessionId(name.clone());
+    let oref = session.object_ref(&());
+    let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
+    let resolved = match resolve(&ctx, &session, &ns).await {
+        Ok(r) => r,
+        Err(not_ready) => {
+            let store = store.with_conditions(vec![ready(
+                Status::False,
+                not_ready.reason,
+                not_ready.message.clone(),
+            )]);
+            // Read fresh: the conditions follow the stored state.
+            let Some(loaded) = crate::engine::SessionPort::load(&store, &id).await? else {
+                return Ok(Action::await_change());
+            };
+            let state = loaded.value.state;
+            if store.settle(&id, &state).await? {
+                warn!(session = %key, reason = not_ready.reason, message = %not_ready.message, "session not ready");
+                publish(
+                    &ctx,
+                    &oref,
+                    kube::runtime::events::Event {
+                        type_: kube::runtime::events::EventType::Warning,
+                        reason: not_ready.reason.into(),
+                        note: Some(not_ready.message),
+                        action: "ResolveAgent".into(),
+                        secondary: None,
+                    },
+                )
+                .await;
+            }
+            ctx.failures.lock().expect("failures").remove(&key);
+            return Ok(Action::requeue(not_ready.recheck));
+        }
+    };
+    let store = store.with_conditions(vec![ready(
+        Status::True,
+        "AgentResolved",
+        format!("agent {} resolved and valid", resolved.agent_name),
+    )]);
+    let progress: Mutex<Vec<Progress>> = Mutex::new(Vec::new());
+    let observer = |p: &Progress| progress.lock().expect("progress").push(p.clone());
+    let model = AgentModel(&resolved.model);
+    let tools = AgentTools(&resolved.tools);
+    let runner = SessionRunner {
+        background: ctx.background.clone(),
+        session: ObjectRef::from_obj(session.as_ref()),
+        uid: uid.clone(),
+        tools: resolved.tools.clone(),
+    };
+    let clock = SystemClock;
+    let ports = Ports {
+        sessions: &store,
+        continuations: &store,
+        cache: &store,
+        model: &model,
+        tools: &tools,
+        runner: &runner,
+        clock: &clock,
+        observer: &observer,
+    };
+    let roles = Roles {
+        model: true,
+        background: true,
+        isolated: false,
+    };
+    let report = engine::step(&ports, &id, &resolved.runtime, &ctx.holder, roles).await?;
+    let settled = store.settle(&id, &report.state).await?;
+    ctx.background.prune(&uid, &report.state);
+    ctx.failures.lock().expect("failures").remove(&key);
+    let wrote = report.writes > 0 || settled;
+    let mut progress = progress.into_inner().expect("progress");
+    {
+        let mut announced = ctx.announced.lock().expect("announced");
+        if announced.len() > 100_000 {
+            announced.clear();
+        }
+        progress.retain(|p| match p {
+            Progress::Deferred {
+                token, waiting_for, ..
+            } => announced.insert(format!("{uid}/{token}/{waiting_for:?}")),
+            _ => true,
+        });
+    }
+    let mut evs = events::for_progress(&progress, report.writes > 0);
+    evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
+    for e in evs {
+        publish(&ctx, &oref, e).await;
+    }
+    let now = clock.now();
+    let action = match &report.outcome {
+        StepOutcome::Busy { at } => Action::requeue(until(now, *at).min(IDLE_RECHECK)),
+        StepOutcome::Waiting { wake_at, .. } => Action::requeue(
+            wake_at
+                .map(|at| until(now, at))
+                .unwrap_or(IDLE_RECHECK)
+                .min(IDLE_RECHECK),
+        ),
+        StepOutcome::Succeeded { .. }
+        | StepOutcome::Failed { .. }
+        | StepOutcome::Paused
+        | StepOutcome::Idle => Action::await_change(),
+    };
+    info!(
+        session = %key,
+        outcome = outcome_name(&report.outcome),
+        writes = report.writes,
+        api_writes = store.api_writes(),
+        wrote,
+        "step"
+    );
+    Ok(action)
+}
+
+fn outcome_name(o: &StepOutcome) -> &'static str {
+    match o {
+        StepOutcome::Succeeded { .. } => "succeeded",
+        StepOutcome::Failed { .. } => "failed",
+        StepOutcome::Paused => "paused",
+        StepOutcome::Idle => "idle",
+        StepOutcome::Busy { .. } => "busy",
+        StepOutcome::Waiting { .. } => "waiting",
+    }
+}
+
+/// From `now` until `at`, at least a tenth of a second (no busy loop).
+fn until(now: crate::core::Millis, at: crate::core::Millis) -> Duration {
+    Duration::from_millis((at.0 - now.0).max(100) as u64)
+}
+
+async fn publish(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    event: kube::runtime::events::Event,
+) {
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        // Events are for people; a refused one must not stop the session.
+        debug!(reason = %event.reason, error = %e, "event not published");
+    }
+}
+
+fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = format!(
+        "{}/{}",
+        session.namespace().unwrap_or_default(),
+        session.name_any()
+    );
+    if error.is_permanent() {
+        warn!(session = %key, error = %error, "reconcile failed; not retried until the session changes or {INVALID_RECHECK:?} pass");
+        let ctx = ctx.clone();
+        let reference = session.object_ref(&());
+        let note = error.to_string();
+        tokio::spawn(async move {
+            publish(
+                &ctx,
+                &reference,
+                kube::runtime::events::Event {
+                    type_: kube::runtime::events::EventType::Warning,
+                    reason: "ReconcileFailed".into(),
+                    note: Some(note.chars().take(900).collect()),
+                    action: "Reconcile".into(),
+                    secondary: None,
+                },
+            )
+            .await
+        });
+        return Action::requeue(INVALID_RECHECK);
+    }
+    let n = {
+        let mut failures = ctx.failures.lock().expect("failures");
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let backoff =
+        Duration::from_millis(250u64.saturating_mul(1 << n.min(8))).min(Duration::from_secs(60));
+    if matches!(
+        error,
+        Error::Engine(EngineError::Store(StoreError::Conflict { .. }))
+            | Error::Store(StoreError::Conflict { .. })
+    ) {
+        debug!(session = %key, attempt = n, ?backoff, "conflict; retrying");
+    } else {
+        warn!(session = %key, error = %error, attempt = n, ?backoff, "reconcile failed; retrying");
+    }
+    Action::requeue(backoff)
+}

@@ -1,0 +1,1042 @@
+//! The engine's ports over the API server, for one namespace.
+//!
+//! - a session is a `Session` object: its input (messages, pause, retry)
+//!   comes from `spec`, its state lives in `status`, written only through
+//!   the status subresource with the `resourceVersion` read as a
+//!   precondition (a stale write is a 409, reported as
+//!   [`StoreError::Conflict`]);
+//! - a continuation is a `Continuation` named by its token, with a
+//!   controller owner reference to its Session and the label
+//!   [`SESSION_LABEL`]; an existing one is adopted only when its controller
+//!   owner is this very Session (same UID), so a re-created session never
+//!   takes over the old one's calls;
+//! - results and decisions are written once, through
+//!   `continuations/status`, with the `resourceVersion` read as a
+//!   precondition; the API server's CEL rules refuse a second, different
+//!   value (a 422 is read back and mapped to [`WriteOnce`]);
+//! - the result cache is [`MemoryCache`]: in the memory of one process
+//!   (keys carry their scope: namespace and tool fingerprint), lost on
+//!   restart, which only costs a re-run.
+//!
+//! Sessions are created by `kubectl apply`; nothing here creates one.
+
+use crate::api::convert;
+use crate::api::session::SessionSpec;
+use crate::api::{Agent, Continuation, Session};
+use crate::core::conditions::{self, Status as CondStatus};
+use crate::core::session::ContinuationSpec;
+use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
+use crate::engine::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
+use crate::store::{
+    ContinuationRecord, Decision, SessionInput, SessionRecord, SessionSummary, StoreError,
+    StoreResult, Version, Versioned, WriteOnce,
+};
+use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition as MetaCondition, OwnerReference};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tracing::{debug, warn};
+
+/// The label that ties a Continuation to its Session (by name; the owner
+/// reference ties it by UID).
+pub const SESSION_LABEL: &str = "agents-exe.io/session";
+
+/// Writes to one object before a write-once write gives up on conflicts.
+const MAX_RETRIES: usize = 8;
+
+/// What the last read or write of a session showed: what a status write
+/// must replace, and what it stamps.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    status: Value,
+    generation: Option<i64>,
+    conditions: Vec<MetaCondition>,
+    version: String,
+}
+
+fn seen_of(obj: &Session) -> Seen {
+    Seen {
+        status: status_json(obj),
+        generation: obj.metadata.generation,
+        conditions: obj
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+        version: obj.resource_version().unwrap_or_default(),
+    }
+}
+
+/// The engine's store ports over the API server, in one namespace.
+#[derive(Clone)]
+pub struct KubeStore {
+    namespace: String,
+    sessions: Api<Session>,
+    continuations: Api<Continuation>,
+    agents: Api<Agent>,
+    /// Conditions the driver adds to the state's own (the operator's `Ready`).
+    extra: Vec<conditions::Condition>,
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    /// Continuations listed in this step: the engine re-ensures every open
+    /// deferred call each step, and a listed one needs no API call.
+    listed: Arc<Mutex<HashMap<String, Continuation>>>,
+    cache: Arc<MemoryCache>,
+    /// Write requests sent (creates and patches, refused ones too).
+    writes: Arc<AtomicU32>,
+}
+
+impl KubeStore {
+    pub fn new(client: Client, namespace: &str) -> Self {
+        KubeStore {
+            namespace: namespace.to_string(),
+            sessions: Api::namespaced(client.clone(), namespace),
+            continuations: Api::namespaced(client.clone(), namespace),
+            agents: Api::namespaced(client, namespace),
+            extra: Vec::new(),
+            seen: Default::default(),
+            listed: Default::default(),
+            cache: Default::default(),
+            writes: Default::default(),
+        }
+    }
+
+    /// The store of the current kubeconfig context (or the pod's service
+    /// account), in `namespace` or else the context's namespace.
+    pub async fn from_kubeconfig(namespace: Option<&str>) -> anyhow::Result<Self> {
+        let config = kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!("--store kube: no usable kubeconfig ({e}); set KUBECONFIG or log in to the cluster first")
+        })?;
+        let ns = namespace
+            .map(str::to_string)
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let client = Client::try_from(config)
+            .map_err(|e| anyhow::anyhow!("--store kube: cannot build a client: {e}"))?;
+        Ok(KubeStore::new(client, &ns))
+    }
+
+    /// Conditions added to every status write (besides the state's own).
+    pub fn with_conditions(mut self, extra: Vec<conditions::Condition>) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    /// Shares a cache between stores (the operator keeps one per process).
+    pub fn with_cache(mut self, cache: Arc<MemoryCache>) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// Write requests this store sent to the API server so far.
+    pub fn api_writes(&self) -> u32 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    fn count_write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn sessions_api(&self) -> &Api<Session> {
+        &self.sessions
+    }
+
+    pub fn continuations_api(&self) -> &Api<Continuation> {
+        &self.continuations
+    }
+
+    pub fn agents_api(&self) -> &Api<Agent> {
+        &self.agents
+    }
+
+    fn remember(&self, name: &str, seen: Seen) {
+        self.seen
+            .lock()
+            .expect("seen lock")
+            .insert(name.into(), seen);
+    }
+
+    fn seen(&self, name: &str) -> Option<Seen> {
+        self.seen.lock().expect("seen lock").get(name).cloned()
+    }
+
+    /// The session object, or `None`.
+    pub async fn get_session(&self, id: &SessionId) -> StoreResult<Option<Session>> {
+        self.sessions.get_opt(&id.0).await.map_err(backend)
+    }
+
+    async fn load_record(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>> {
+        let Some(obj) = self.get_session(id).await? else {
+            return Ok(None);
+        };
+        let record = session_record(&obj)?;
+        self.remember(&id.0, seen_of(&obj));
+        Ok(Some(Versioned {
+            value: record,
+            version: version_of(&obj.metadata)?,
+        }))
+    }
+
+    async fn save_record(
+        &self,
+        record: &SessionRecord,
+        expected: &Version,
+    ) -> StoreResult<Version> {
+        let id = &record.state.id;
+        let seen = match self.seen(&id.0) {
+            Some(s) => s,
+            None => {
+                let obj = self
+                    .get_session(id)
+                    .await?
+                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+                seen_of(&obj)
+            }
+        };
+        let mut status = convert::session_status(&record.state);
+        status.observed_generation = seen.generation;
+        status.conditions = self.conditions_for(&record.state, &seen);
+        let new = serde_json::to_value(&status).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let body = json!({
+            "metadata": {"resourceVersion": expected.0},
+            "status": merge_patch(&seen.status, &new),
+        });
+        self.count_write();
+        match self
+            .sessions
+            .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(obj) => {
+                self.remember(&id.0, seen_of(&obj));
+                version_of(&obj.metadata)
+            }
+            Err(kube::Error::Api(s)) if is_conflict(&s) => Err(StoreError::Conflict {
+                id: id.clone(),
+                expected: expected.clone(),
+            }),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(StoreError::SessionNotFound(id.clone()))
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// The state's conditions plus the driver's, stamped: transition times
+    /// kept while a condition's status holds; conditions of other types
+    /// (another driver's) are kept as they are.
+    fn conditions_for(&self, state: &SessionState, seen: &Seen) -> Vec<MetaCondition> {
+        let previous: Vec<conditions::Condition> =
+            seen.conditions.iter().filter_map(core_condition).collect();
+        let mut next = conditions::of(state);
+        next.extend(self.extra.iter().cloned());
+        let merged = conditions::merge(&previous, next, seen.generation, wall_now());
+        let mut out: Vec<MetaCondition> = merged.iter().map(meta_condition).collect();
+        for c in &seen.conditions {
+            if !out.iter().any(|o| o.type_ == c.type_) {
+                out.push(c.clone());
+            }
+        }
+        out
+    }
+
+    /// Writes the conditions and `observedGeneration` when they differ
+    /// from the stored ones: a step that changed no state writes no status,
+    /// yet the driver's `Ready` or a new generation must show. `state` is
+    /// the state the last step left (or the loaded one). Returns true when
+    /// it wrote; a conflict (someone wrote meanwhile, which triggers
+    /// another reconcile) is left alone.
+    pub async fn settle(&self, id: &SessionId, state: &SessionState) -> StoreResult<bool> {
+        let seen = match self.seen(&id.0) {
+            Some(s) => s,
+            None => {
+                let obj = self
+                    .get_session(id)
+                    .await?
+                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+                seen_of(&obj)
+            }
+        };
+        let wanted = self.conditions_for(state, &seen);
+        let stored_generation = seen
+            .status
+            .get("observedGeneration")
+            .and_then(Value::as_i64);
+        let same = wanted.len() == seen.conditions.len()
+            && wanted.iter().all(|w| {
+                seen.conditions
+                    .iter()
+                    .any(|c| c.type_ == w.type_ && same_condition(c, w))
+            });
+        if same && stored_generation == seen.generation {
+            return Ok(false);
+        }
+        let body = json!({
+            "metadata": {"resourceVersion": seen.version},
+            "status": {"conditions": wanted, "observedGeneration": seen.generation},
+        });
+        self.count_write();
+        match self
+            .sessions
+            .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(obj) => {
+                self.remember(&id.0, seen_of(&obj));
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if is_conflict(&s) => Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(StoreError::SessionNotFound(id.clone()))
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Changes the Session's spec (pause, resume, retry): a merge patch of
+    /// the named fields only. The operator acts on it.
+    pub async fn patch_spec(&self, id: &SessionId, patch: Value) -> StoreResult<Session> {
+        self.count_write();
+        match self
+            .sessions
+            .patch(
+                &id.0,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": patch})),
+            )
+            .await
+        {
+            Ok(s) => Ok(s),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(StoreError::SessionNotFound(id.clone()))
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Every Session in the namespace, for `agents session list`.
+    pub async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>> {
+        let list = self
+            .sessions
+            .list(&ListParams::default())
+            .await
+            .map_err(backend)?;
+        let mut out = Vec::new();
+        for s in list.items {
+            let name = s.name_any();
+            let status = s.status.clone().unwrap_or_default();
+            let phase = match convert::session_state(&SessionId(name.clone()), &status) {
+                Ok(state) => state.phase,
+                Err(_) => crate::core::Phase::Idle,
+            };
+            let updated = status
+                .conditions
+                .iter()
+                .map(|c| convert::millis(&c.last_transition_time))
+                .max()
+                .or_else(|| s.metadata.creation_timestamp.as_ref().map(convert::millis))
+                .unwrap_or_default();
+            out.push(SessionSummary {
+                id: SessionId(name),
+                phase,
+                paused: status.paused || s.spec.paused,
+                pending: status.pending_count as usize,
+                updated_at: updated,
+            });
+        }
+        out.sort_by(|a, b| a.id.0.cmp(&b.id.0));
+        Ok(out)
+    }
+
+    /// The continuation named `token` in this namespace.
+    pub async fn get_continuation(
+        &self,
+        token: &ContinuationToken,
+    ) -> StoreResult<Option<ContinuationRecord>> {
+        match self
+            .continuations
+            .get_opt(&token.0)
+            .await
+            .map_err(backend)?
+        {
+            None => Ok(None),
+            Some(c) => continuation_record(&c).map(Some),
+        }
+    }
+
+    /// The continuations of the live session `id` (its current UID), in
+    /// call order.
+    pub async fn session_continuations(
+        &self,
+        id: &SessionId,
+    ) -> StoreResult<Vec<ContinuationRecord>> {
+        let obj = self
+            .get_session(id)
+            .await?
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let owner = SessionRef {
+            id: id.clone(),
+            namespace: self.namespace.clone(),
+            uid: obj.uid().unwrap_or_default(),
+        };
+        self.list_owned(&owner).await
+    }
+
+    /// The continuations labelled with session `name`, whatever their
+    /// owner: for hints, where only continuations may be readable.
+    pub async fn labelled_continuations(
+        &self,
+        name: &SessionId,
+    ) -> StoreResult<Vec<ContinuationRecord>> {
+        let list = self
+            .continuations
+            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", name.0)))
+            .await
+            .map_err(backend)?;
+        list.items.iter().map(continuation_record).collect()
+    }
+
+    async fn list_owned(&self, owner: &SessionRef) -> StoreResult<Vec<ContinuationRecord>> {
+        let list = self
+            .continuations
+            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", owner.id.0)))
+            .await
+            .map_err(backend)?;
+        let mut out = Vec::new();
+        let mut listed = HashMap::new();
+        for c in list.items {
+            if controller_uid(&c).as_deref() != Some(owner.uid.as_str()) {
+                continue;
+            }
+            out.push(continuation_record(&c)?);
+            listed.insert(c.name_any(), c);
+        }
+        *self.listed.lock().expect("listed lock") = listed;
+        out.sort_by_key(|r| (r.spec.call_id.turn, r.spec.call_id.index));
+        Ok(out)
+    }
+
+    async fn ensure_continuation(
+        &self,
+        owner: &SessionRef,
+        spec: &ContinuationSpec,
+        _now: Millis,
+    ) -> StoreResult<ContinuationRecord> {
+        let name = &spec.token.0;
+        // The engine re-ensures every open deferred call each step: one
+        // listed in this step needs no call; else read before creating (a
+        // refused create is still a write).
+        let listed = self.listed.lock().expect("listed lock").get(name).cloned();
+        let known = match listed {
+            Some(c) => Some(c),
+            None => self.continuations.get_opt(name).await.map_err(backend)?,
+        };
+        let existing = match known {
+            Some(c) => self.adopt(c, owner)?,
+            None => {
+                let object = Continuation {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        labels: Some(BTreeMap::from([(
+                            SESSION_LABEL.to_string(),
+                            owner.id.0.clone(),
+                        )])),
+                        owner_references: Some(vec![owner_reference(owner)]),
+                        ..Default::default()
+                    },
+                    spec: convert::continuation_spec(spec),
+                    status: None,
+                };
+                self.count_write();
+                match self
+                    .continuations
+                    .create(&PostParams::default(), &object)
+                    .await
+                {
+                    Ok(created) => {
+                        debug!(token = %name, session = %owner.id, "continuation created");
+                        created
+                    }
+                    // Created by a racing driver: adopt it like any other.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
+                        let current = self
+                            .continuations
+                            .get_opt(name)
+                            .await
+                            .map_err(backend)?
+                            .ok_or_else(|| {
+                                StoreError::Backend(format!(
+                                    "continuation {name} was deleted while being adopted; try again"
+                                ))
+                            })?;
+                        self.adopt(current, owner)?
+                    }
+                    Err(e) => return Err(backend(e)),
+                }
+            }
+        };
+        // What the call waits for now lives in status: set it when it
+        // differs (a new object, or an approved call now waiting for its runner).
+        let status = existing.status.clone().unwrap_or_default();
+        let mut wanted = status.clone();
+        convert::set_continuation_wait(&mut wanted, spec);
+        if status.outcome.is_none()
+            && (existing.status.is_none()
+                || wanted.waiting_for != status.waiting_for
+                || wanted.reason != status.reason
+                || wanted.expires_at != status.expires_at)
+        {
+            let body = json!({
+                "status": {
+                    "state": "Pending",
+                    "waitingFor": wanted.waiting_for,
+                    "reason": wanted.reason,
+                    "expiresAt": wanted.expires_at,
+                }
+            });
+            self.count_write();
+            match self
+                .continuations
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(updated) => return continuation_record(&updated),
+                // Completed meanwhile (the CEL rules refuse `Pending` next
+                // to an outcome): the stored object is what counts.
+                Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
+                    debug!(token = %name, reason = %s.message, "wait fields not written; reading back");
+                }
+                Err(e) => return Err(backend(e)),
+            }
+            let current = self
+                .continuations
+                .get_opt(name)
+                .await
+                .map_err(backend)?
+                .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
+            return continuation_record(&current);
+        }
+        continuation_record(&existing)
+    }
+
+    /// `c` if its controller owner is this very session (same UID).
+    fn adopt(&self, c: Continuation, owner: &SessionRef) -> StoreResult<Continuation> {
+        let theirs = controller_uid(&c);
+        if theirs.as_deref() == Some(owner.uid.as_str()) {
+            return Ok(c);
+        }
+        Err(StoreError::Backend(format!(
+            "continuation {} exists but is not this session's (its controller owner has uid {}; session {} has uid {}), so it is not adopted. A session re-created under the same name waits until the old one's continuations are garbage-collected; delete {} if it stays",
+            c.name_any(),
+            theirs.unwrap_or_else(|| "none".into()),
+            owner.id,
+            owner.uid,
+            c.name_any()
+        )))
+    }
+
+    async fn complete_continuation(
+        &self,
+        token: &ContinuationToken,
+        result: &ToolResult,
+        by: &str,
+        now: Millis,
+    ) -> StoreResult<WriteOnce> {
+        for _ in 0..MAX_RETRIES {
+            let Some(obj) = self
+                .continuations
+                .get_opt(&token.0)
+                .await
+                .map_err(backend)?
+            else {
+                return Err(StoreError::UnknownToken(token.clone()));
+            };
+            let rec = continuation_record(&obj)?;
+            if let Some(existing) = existing_result(&rec, result) {
+                return Ok(existing);
+            }
+            if let Some(why) = rec.not_accepting(result, by) {
+                return Err(StoreError::NotAccepting {
+                    token: token.clone(),
+                    why,
+                });
+            }
+            let body = json!({
+                "metadata": {"resourceVersion": obj.resource_version()},
+                "status": {
+                    "state": "Completed",
+                    "outcome": {
+                        "result": convert::result_value(result),
+                        "completedBy": by,
+                        "completedAt": convert::time(now),
+                    }
+                }
+            });
+            self.count_write();
+            match self
+                .continuations
+                .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => return Ok(WriteOnce::Recorded),
+                Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
+                Err(kube::Error::Api(s)) if s.code == 422 => {
+                    // The CEL rules: already completed (read back), or a
+                    // success result without an approval.
+                    let rec = self
+                        .get_continuation(token)
+                        .await?
+                        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+                    if let Some(existing) = existing_result(&rec, result) {
+                        return Ok(existing);
+                    }
+                    return Err(StoreError::NotAccepting {
+                        token: token.clone(),
+                        why: format!("the API server refused it: {}", s.message),
+                    });
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(StoreError::UnknownToken(token.clone()))
+                }
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "{token} kept changing while its result was written ({MAX_RETRIES} tries); try again"
+        )))
+    }
+
+    async fn decide_continuation(
+        &self,
+        token: &ContinuationToken,
+        decision: &Decision,
+    ) -> StoreResult<WriteOnce> {
+        for _ in 0..MAX_RETRIES {
+            let Some(obj) = self
+                .continuations
+                .get_opt(&token.0)
+                .await
+                .map_err(backend)?
+            else {
+                return Err(StoreError::UnknownToken(token.clone()));
+            };
+            let rec = continuation_record(&obj)?;
+            if let Some(previous) = &rec.decision {
+                return Ok(existing_decision(previous, decision));
+            }
+            let body = json!({
+                "metadata": {"resourceVersion": obj.resource_version()},
+                "status": {
+                    "decision": {
+                        "approved": decision.approved,
+                        "by": decision.by,
+                        "reason": decision.reason,
+                        "decidedAt": convert::time(decision.at),
+                    }
+                }
+            });
+            self.count_write();
+            match self
+                .continuations
+                .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => return Ok(WriteOnce::Recorded),
+                Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
+                Err(kube::Error::Api(s)) if s.code == 422 => {
+                    let rec = self
+                        .get_continuation(token)
+                        .await?
+                        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
+                    if let Some(previous) = &rec.decision {
+                        return Ok(existing_decision(previous, decision));
+                    }
+                    return Err(StoreError::NotAccepting {
+                        token: token.clone(),
+                        why: format!("the API server refused the decision: {}", s.message),
+                    });
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(StoreError::UnknownToken(token.clone()))
+                }
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "{token} kept changing while its decision was written ({MAX_RETRIES} tries); try again"
+        )))
+    }
+}
+
+fn wall_now() -> Millis {
+    use crate::engine::Clock;
+    SystemClock.now()
+}
+
+fn existing_result(rec: &ContinuationRecord, result: &ToolResult) -> Option<WriteOnce> {
+    let existing = rec.result.as_ref()?;
+    let by = rec.completed_by.clone().unwrap_or_default();
+    let at = rec.completed_at.unwrap_or_default();
+    Some(if existing == result {
+        WriteOnce::AlreadySame { by, at }
+    } else {
+        WriteOnce::AlreadyDifferent { by, at }
+    })
+}
+
+fn existing_decision(previous: &Decision, decision: &Decision) -> WriteOnce {
+    let (by, at) = (previous.by.clone(), previous.at);
+    if previous.approved == decision.approved {
+        WriteOnce::AlreadySame { by, at }
+    } else {
+        WriteOnce::AlreadyDifferent { by, at }
+    }
+}
+
+/// A 409 that is not "already exists": a stale `resourceVersion`. kube-core
+/// matches only `reason`, which may be empty, so the code counts too.
+fn is_conflict(s: &kube::core::Status) -> bool {
+    s.is_conflict() || (s.code == 409 && !s.is_already_exists())
+}
+
+fn backend(e: kube::Error) -> StoreError {
+    match e {
+        kube::Error::Api(s) => StoreError::Backend(format!(
+            "the API server answered {} {}: {}",
+            s.code, s.reason, s.message
+        )),
+        other => StoreError::Backend(format!("cannot reach the API server: {other}")),
+    }
+}
+
+fn version_of(meta: &ObjectMeta) -> StoreResult<Version> {
+    meta.resource_version
+        .clone()
+        .map(Version)
+        .ok_or_else(|| StoreError::Backend("object without a resourceVersion".into()))
+}
+
+fn status_json(obj: &Session) -> Value {
+    obj.status
+        .as_ref()
+        .map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
+        .unwrap_or(Value::Null)
+}
+
+/// An RFC 7386 merge patch that turns `old` into `new`: keys `new` drops
+/// are set to null (a plain merge would keep them: a closed turn's
+/// `openTurn` would stay), objects are patched key by key, the rest replaced.
+pub fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut out = serde_json::Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) if ov == nv => {}
+                    Some(ov) => {
+                        out.insert(k.clone(), merge_patch(ov, nv));
+                    }
+                    None => {
+                        out.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys() {
+                if !n.contains_key(k) {
+                    out.insert(k.clone(), Value::Null);
+                }
+            }
+            Value::Object(out)
+        }
+        _ => new.clone(),
+    }
+}
+
+/// A Session object as the engine's record.
+pub fn session_record(obj: &Session) -> StoreResult<SessionRecord> {
+    let name = obj.name_any();
+    let id = SessionId(name.clone());
+    let state = match &obj.status {
+        None => SessionState::new(id.clone()),
+        Some(status) => convert::session_state(&id, status).map_err(|e| StoreError::Corrupt {
+            what: format!("session {name} (status)"),
+            why: e.to_string(),
+        })?,
+    };
+    let created = obj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(convert::millis)
+        .unwrap_or_default();
+    Ok(SessionRecord {
+        state,
+        input: session_input(&obj.spec),
+        namespace: obj.namespace().unwrap_or_default(),
+        uid: obj.uid().unwrap_or_default(),
+        definition: serde_json::to_value(&obj.spec).unwrap_or(Value::Null),
+        created_at: created,
+        updated_at: created,
+    })
+}
+
+fn session_input(spec: &SessionSpec) -> SessionInput {
+    SessionInput {
+        messages: spec.messages.clone(),
+        paused: spec.paused,
+        retry: spec.retry.unwrap_or(0),
+    }
+}
+
+/// The UID of the object's controller owner.
+fn controller_uid(c: &Continuation) -> Option<String> {
+    c.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+fn owner_reference(owner: &SessionRef) -> OwnerReference {
+    OwnerReference {
+        api_version: Session::api_version(&()).into_owned(),
+        kind: Session::kind(&()).into_owned(),
+        name: owner.id.0.clone(),
+        uid: owner.uid.clone(),
+        controller: Some(true),
+        // Setting it needs `sessions/finalizers` permission; garbage
+        // collection works without it.
+        block_owner_deletion: None,
+    }
+}
+
+/// A Continuation object as the engine's record.
+pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> {
+    let name = c.name_any();
+    let token = ContinuationToken(name.clone());
+    let corrupt = |why: String| StoreError::Corrupt {
+        what: format!("continuation {name}"),
+        why,
+    };
+    let spec = convert::core_continuation_spec(&token, &c.spec, c.status.as_ref())
+        .map_err(|e| corrupt(e.to_string()))?;
+    let status = c.status.clone().unwrap_or_default();
+    let (result, completed_by, completed_at) = match &status.outcome {
+        None => (None, None, None),
+        Some(o) => (
+            Some(
+                convert::tool_result(&o.result, "status.outcome.result")
+                    .map_err(|e| corrupt(e.to_string()))?,
+            ),
+            Some(o.completed_by.clone()),
+            Some(convert::millis(&o.completed_at)),
+        ),
+    };
+    let decision = status.decision.as_ref().map(|d| Decision {
+        approved: d.approved,
+        by: d.by.clone(),
+        reason: d.reason.clone(),
+        at: convert::millis(&d.decided_at),
+    });
+    Ok(ContinuationRecord {
+        spec,
+        result,
+        completed_by,
+        completed_at,
+        decision,
+        created_at: c
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(convert::millis)
+            .unwrap_or_default(),
+    })
+}
+
+/// A core condition as `metav1.Condition`.
+pub fn meta_condition(c: &conditions::Condition) -> MetaCondition {
+    MetaCondition {
+        type_: c.type_.clone(),
+        status: c.status.as_str().to_string(),
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        last_transition_time: convert::time(c.last_transition),
+        observed_generation: c.observed_generation,
+    }
+}
+
+fn core_condition(c: &MetaCondition) -> Option<conditions::Condition> {
+    let status = match c.status.as_str() {
+        "True" => CondStatus::True,
+        "False" => CondStatus::False,
+        "Unknown" => CondStatus::Unknown,
+        _ => return None,
+    };
+    let mut out = conditions::Condition::new(&c.type_, status, &c.reason, c.message.clone());
+    out.last_transition = convert::millis(&c.last_transition_time);
+    out.observed_generation = c.observed_generation;
+    Some(out)
+}
+
+fn same_condition(a: &MetaCondition, b: &MetaCondition) -> bool {
+    a.status == b.status
+        && a.reason == b.reason
+        && a.message == b.message
+        && a.observed_generation == b.observed_generation
+}
+
+impl SessionPort for KubeStore {
+    fn load<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>> {
+        Box::pin(self.load_record(id))
+    }
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        expected: &'a Version,
+    ) -> BoxFuture<'a, StoreResult<Version>> {
+        Box::pin(self.save_record(record, expected))
+    }
+}
+
+impl ContinuationPort for KubeStore {
+    fn ensure<'a>(
+        &'a self,
+        owner: &'a SessionRef,
+        spec: &'a ContinuationSpec,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<ContinuationRecord>> {
+        Box::pin(self.ensure_continuation(owner, spec, now))
+    }
+    fn list_for<'a>(
+        &'a self,
+        owner: &'a SessionRef,
+    ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>> {
+        Box::pin(self.list_owned(owner))
+    }
+    fn complete<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        result: &'a ToolResult,
+        by: &'a str,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
+        Box::pin(self.complete_continuation(token, result, by, now))
+    }
+    fn decide<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        decision: &'a Decision,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
+        Box::pin(self.decide_continuation(token, decision))
+    }
+}
+
+impl CachePort for KubeStore {
+    fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
+        self.cache.lookup(key)
+    }
+    fn remember<'a>(
+        &'a self,
+        key: &'a CacheKey,
+        result: &'a ToolResult,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.cache.remember(key, result, now)
+    }
+}
+
+/// Cached results in this process's memory. Keys carry their scope (the
+/// namespace and the tool's fingerprint), so sharing one cache between
+/// sessions of different namespaces shares nothing across them.
+#[derive(Debug, Default)]
+pub struct MemoryCache {
+    entries: Mutex<HashMap<String, ToolResult>>,
+}
+
+/// Entries kept before the oldest half is dropped; a miss only re-runs.
+const CACHE_ENTRIES: usize = 4096;
+
+impl CachePort for MemoryCache {
+    fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
+        let hit = self
+            .entries
+            .lock()
+            .expect("cache lock")
+            .get(&key.to_string())
+            .cloned();
+        Box::pin(async move { Ok(hit) })
+    }
+    fn remember<'a>(
+        &'a self,
+        key: &'a CacheKey,
+        result: &'a ToolResult,
+        _now: Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        let mut entries = self.entries.lock().expect("cache lock");
+        if entries.len() >= CACHE_ENTRIES {
+            warn!(entries = entries.len(), "result cache full; dropping it");
+            entries.clear();
+        }
+        entries
+            .entry(key.to_string())
+            .or_insert_with(|| result.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_patch_removes_what_the_new_status_drops() {
+        let old = json!({"phase": "Waiting", "openTurn": {"turn": 1, "calls": [1, 2]}, "answer": null, "usage": {"a": 1, "b": 2}});
+        let new = json!({"phase": "Succeeded", "answer": "done", "usage": {"a": 1, "b": 3}});
+        let patch = merge_patch(&old, &new);
+        assert_eq!(
+            patch,
+            json!({"phase": "Succeeded", "openTurn": null, "answer": "done", "usage": {"b": 3}})
+        );
+        // Applying it gives `new` (RFC 7386).
+        let mut applied = old.clone();
+        apply(&mut applied, &patch);
+        assert_eq!(applied.as_object().unwrap().get("openTurn"), None);
+        assert_eq!(applied["usage"], json!({"a": 1, "b": 3}));
+    }
+
+    fn apply(target: &mut Value, patch: &Value) {
+        match patch {
+            Value::Object(p) => {
+                if !target.is_object() {
+                    *target = json!({});
+                }
+                let t = target.as_object_mut().unwrap();
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        apply(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            other => *target = other.clone(),
+        }
+    }
+
+    #[test]
+    fn conditions_round_trip_through_metav1() {
+        let mut c = conditions::Condition::new("Ready", CondStatus::False, "AgentNotFound", "x");
+        c.last_transition = Millis(1_700_000_000_000);
+        c.observed_generation = Some(3);
+        assert_eq!(core_condition(&meta_condition(&c)), Some(c));
+    }
+}
