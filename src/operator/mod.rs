@@ -298,14 +298,11 @@ async fn prepare(
         agent: spec.clone(),
         spec: session_spec.clone(),
     };
-    let mut agent = definition.build(created).map_err(|message| NotReady {
+    let agent = definition.build(created).map_err(|message| NotReady {
         reason: "InvalidAgent",
         message,
         recheck: INVALID_RECHECK,
     })?;
-    agent.config.model_timeout_secs = spec.model.timeout_seconds() as u64;
-    agent.config.model_retries = spec.model.max_retries();
-    agent.config.max_result_bytes = usize::try_from(spec.max_result_bytes()).unwrap_or(usize::MAX);
     let model = match spec.model.provider {
         ModelProvider::Scripted => agent.model.clone(),
         ModelProvider::Openai => {

@@ -164,7 +164,7 @@ impl AnyStore {
                         k.namespace()
                     )
                 })?;
-                let record = session_record(&obj)?;
+                let record = k.read_session(&obj).await?;
                 let (agent_name, agent): (Option<String>, AgentSpec) = match (
                     &obj.spec.agent,
                     &obj.spec.agent_ref,

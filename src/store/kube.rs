@@ -18,6 +18,10 @@
 //!   (keys carry their scope: namespace and tool fingerprint), lost on
 //!   restart, which only costs a re-run.
 //!
+//! - large results and old turns spill out of the Session status into
+//!   owned, immutable, content-named ConfigMaps ([`crate::store::spill`]),
+//!   so no object nears etcd's limit; reads put them back transparently.
+//!
 //! Sessions are created by `kubectl apply`; nothing here creates one.
 
 use crate::api::convert;
@@ -27,12 +31,15 @@ use crate::core::conditions::{self, Status as CondStatus};
 use crate::core::session::ContinuationSpec;
 use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
 use crate::engine::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
+use crate::store::spill::{self, Blob};
 use crate::store::{
     ContinuationRecord, Decision, SessionInput, SessionRecord, SessionSummary, StoreError,
     StoreResult, Version, Versioned, WriteOnce,
 };
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition as MetaCondition, OwnerReference};
+use k8s_openapi::ByteString;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Value};
@@ -87,7 +94,16 @@ pub struct KubeStore {
     cache: Arc<MemoryCache>,
     /// Write requests sent (creates and patches, refused ones too).
     writes: Arc<AtomicU32>,
+    configmaps: Api<ConfigMap>,
+    /// Spilled blobs read or written (immutable, so never stale).
+    blobs: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
+
+/// A Continuation result larger than this (as JSON) spills into blobs; a
+/// person's result of up to this size needs no ConfigMap permission.
+const CONTINUATION_INLINE_BYTES: usize = 256 * 1024;
+/// The ConfigMap key holding a blob.
+const BLOB_KEY: &str = "data.gz";
 
 impl KubeStore {
     pub fn new(client: Client, namespace: &str) -> Self {
@@ -95,7 +111,9 @@ impl KubeStore {
             namespace: namespace.to_string(),
             sessions: Api::namespaced(client.clone(), namespace),
             continuations: Api::namespaced(client.clone(), namespace),
-            agents: Api::namespaced(client, namespace),
+            agents: Api::namespaced(client.clone(), namespace),
+            configmaps: Api::namespaced(client, namespace),
+            blobs: Default::default(),
             extra: Vec::new(),
             seen: Default::default(),
             listed: Default::default(),
@@ -166,6 +184,109 @@ impl KubeStore {
         self.seen.lock().expect("seen lock").get(name).cloned()
     }
 
+    /// The engine's record of a Session object, spilled parts read back.
+    pub async fn read_session(&self, obj: &Session) -> StoreResult<SessionRecord> {
+        let mut obj = obj.clone();
+        if let Some(status) = obj.status.as_mut() {
+            let name = obj.metadata.name.clone().unwrap_or_default();
+            spill::unpack(status, |blob| self.fetch_blob(blob))
+                .await
+                .map_err(|why| StoreError::Corrupt {
+                    what: format!("session {name} (spilled status)"),
+                    why,
+                })?;
+        }
+        session_record(&obj)
+    }
+
+    /// A Continuation as the engine's record, a spilled result read back.
+    async fn read_continuation(&self, c: &Continuation) -> StoreResult<ContinuationRecord> {
+        let mut c = c.clone();
+        if let Some(outcome) = c.status.as_mut().and_then(|s| s.outcome.as_mut()) {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            spill::unpack_result(&mut outcome.result, |blob| self.fetch_blob(blob))
+                .await
+                .map_err(|why| StoreError::Corrupt {
+                    what: format!("continuation {name} (spilled result)"),
+                    why,
+                })?;
+        }
+        continuation_record(&c)
+    }
+
+    async fn fetch_blob(&self, name: String) -> Result<Vec<u8>, String> {
+        if let Some(b) = self.blobs.lock().expect("blobs lock").get(&name) {
+            return Ok(b.clone());
+        }
+        let cm = self
+            .configmaps
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading ConfigMap {name}: {e}"))?
+            .ok_or_else(|| format!("ConfigMap {name} holding spilled data is missing"))?;
+        let data = cm
+            .binary_data
+            .and_then(|mut d| d.remove(BLOB_KEY))
+            .ok_or_else(|| format!("ConfigMap {name} has no {BLOB_KEY}"))?
+            .0;
+        self.blobs
+            .lock()
+            .expect("blobs lock")
+            .insert(name, data.clone());
+        Ok(data)
+    }
+
+    /// Creates the blobs not known to exist: immutable ConfigMaps owned by
+    /// the session (garbage collected with it). Names derive from content,
+    /// so an existing one already holds these bytes.
+    async fn put_blobs(&self, owner: &SessionRef, blobs: Vec<Blob>) -> StoreResult<()> {
+        for blob in blobs {
+            if self
+                .blobs
+                .lock()
+                .expect("blobs lock")
+                .contains_key(&blob.name)
+            {
+                continue;
+            }
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(blob.name.clone()),
+                    namespace: Some(self.namespace.clone()),
+                    labels: Some(BTreeMap::from([(
+                        SESSION_LABEL.to_string(),
+                        owner.id.0.clone(),
+                    )])),
+                    owner_references: Some(vec![owner_reference(owner)]),
+                    ..ObjectMeta::default()
+                },
+                binary_data: Some(BTreeMap::from([(
+                    BLOB_KEY.to_string(),
+                    ByteString(blob.data.clone()),
+                )])),
+                immutable: Some(true),
+                ..ConfigMap::default()
+            };
+            self.count_write();
+            match self.configmaps.create(&PostParams::default(), &cm).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    return Err(StoreError::Backend(format!(
+                        "a result or conversation too large for its object must go into a ConfigMap, and this account may not create ConfigMaps in {}: {}",
+                        self.namespace, s.message
+                    )))
+                }
+                Err(e) => return Err(backend(e)),
+            }
+            self.blobs
+                .lock()
+                .expect("blobs lock")
+                .insert(blob.name, blob.data);
+        }
+        Ok(())
+    }
+
     /// The session object, or `None`.
     pub async fn get_session(&self, id: &SessionId) -> StoreResult<Option<Session>> {
         self.sessions.get_opt(&id.0).await.map_err(backend)
@@ -175,7 +296,7 @@ impl KubeStore {
         let Some(obj) = self.get_session(id).await? else {
             return Ok(None);
         };
-        let record = session_record(&obj)?;
+        let record = self.read_session(&obj).await?;
         self.remember(&id.0, seen_of(&obj));
         Ok(Some(Versioned {
             value: record,
@@ -202,6 +323,13 @@ impl KubeStore {
         let mut status = convert::session_status(&record.state);
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
+        let blobs = spill::pack(&mut status, &id.0, spill::STATUS_BUDGET_BYTES);
+        let owner = SessionRef {
+            id: id.clone(),
+            namespace: self.namespace.clone(),
+            uid: record.uid.clone(),
+        };
+        self.put_blobs(&owner, blobs).await?;
         let new = serde_json::to_value(&status).map_err(|e| StoreError::Backend(e.to_string()))?;
         let body = json!({
             "metadata": {"resourceVersion": expected.0},
@@ -366,7 +494,7 @@ impl KubeStore {
             .map_err(backend)?
         {
             None => Ok(None),
-            Some(c) => continuation_record(&c).map(Some),
+            Some(c) => self.read_continuation(&c).await.map(Some),
         }
     }
 
@@ -399,7 +527,11 @@ impl KubeStore {
             .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", name.0)))
             .await
             .map_err(backend)?;
-        list.items.iter().map(continuation_record).collect()
+        let mut out = Vec::new();
+        for c in &list.items {
+            out.push(self.read_continuation(c).await?);
+        }
+        Ok(out)
     }
 
     async fn list_owned(&self, owner: &SessionRef) -> StoreResult<Vec<ContinuationRecord>> {
@@ -414,7 +546,7 @@ impl KubeStore {
             if controller_uid(&c).as_deref() != Some(owner.uid.as_str()) {
                 continue;
             }
-            out.push(continuation_record(&c)?);
+            out.push(self.read_continuation(&c).await?);
             listed.insert(c.name_any(), c);
         }
         *self.listed.lock().expect("listed lock") = listed;
@@ -507,7 +639,7 @@ impl KubeStore {
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                Ok(updated) => return continuation_record(&updated),
+                Ok(updated) => return self.read_continuation(&updated).await,
                 // Completed meanwhile (the CEL rules refuse `Pending` next
                 // to an outcome): the stored object is what counts.
                 Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
@@ -521,9 +653,9 @@ impl KubeStore {
                 .await
                 .map_err(backend)?
                 .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
-            return continuation_record(&current);
+            return self.read_continuation(&current).await;
         }
-        continuation_record(&existing)
+        self.read_continuation(&existing).await
     }
 
     /// `c` if its controller owner is this very session (same UID).
@@ -558,7 +690,7 @@ impl KubeStore {
             else {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
-            let rec = continuation_record(&obj)?;
+            let rec = self.read_continuation(&obj).await?;
             if let Some(existing) = existing_result(&rec, result) {
                 return Ok(existing);
             }
@@ -568,12 +700,22 @@ impl KubeStore {
                     why,
                 });
             }
+            let mut value = convert::result_value(result);
+            if serde_json::to_vec(&value).map_or(0, |v| v.len()) > CONTINUATION_INLINE_BYTES {
+                let blobs = spill::pack_result(&rec.spec.session.0, &mut value);
+                let owner = SessionRef {
+                    id: rec.spec.session.clone(),
+                    namespace: self.namespace.clone(),
+                    uid: controller_uid(&obj).unwrap_or_default(),
+                };
+                self.put_blobs(&owner, blobs).await?;
+            }
             let body = json!({
                 "metadata": {"resourceVersion": obj.resource_version()},
                 "status": {
                     "state": "Completed",
                     "outcome": {
-                        "result": convert::result_value(result),
+                        "result": value,
                         "completedBy": by,
                         "completedAt": convert::time(now),
                     }
@@ -627,7 +769,7 @@ impl KubeStore {
             else {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
-            let rec = continuation_record(&obj)?;
+            let rec = self.read_continuation(&obj).await?;
             if let Some(previous) = &rec.decision {
                 return Ok(existing_decision(previous, decision));
             }
