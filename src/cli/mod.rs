@@ -5,6 +5,7 @@ mod logging;
 pub mod out;
 mod run_cmd;
 mod session_cmd;
+mod tool_exec;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub enum Command {
     /// complete, approve, deny, run-isolated.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Inside a tool Job's container: run the tool's command with the call
+    /// envelope on stdin and report its result (used by the Job runner).
+    ToolExec(tool_exec::ToolExecArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -189,6 +193,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
+        Command::ToolExec(args) => return tool_exec::run(args),
     };
     match result {
         Ok(code) => code,
