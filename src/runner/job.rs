@@ -961,16 +961,18 @@ pub fn judge(
             let now_fatal = STUCK_AT_ONCE.contains(&reason);
             let late = STUCK_AFTER_GRACE.contains(&reason) && age >= grace.as_secs() as i64;
             if now_fatal || late {
-                let what = if c.name == TOOL_CONTAINER {
-                    format!("the tool's image {}", c.image)
-                } else {
-                    format!("the agents (wrapper) image {}", c.image)
+                let config = reason.starts_with("CreateContainer") || reason == "RunContainerError";
+                let what = match (c.name == TOOL_CONTAINER, config) {
+                    (true, false) => format!("the tool's image {}", c.image),
+                    (true, true) => "the tool's container".to_string(),
+                    (false, false) => format!("the agents (wrapper) image {}", c.image),
+                    (false, true) => "the wrapper's init container".to_string(),
                 };
                 let detail = w.message.as_deref().unwrap_or("");
-                let hint = if reason.starts_with("CreateContainer") {
+                let hint = if config {
                     "check the Secrets and keys the tool's env names"
                 } else {
-                    "check the image name, that the node has it or can pull it (imagePullSecrets)"
+                    "check the image name, and that the node has it or can pull it (imagePullSecrets)"
                 };
                 return Verdict::Stuck(format!(
                     "the tool's pod could not start: {what}: {reason}: {detail} ({hint})"
