@@ -77,7 +77,10 @@ fn error_of(r: &ToolResult) -> String {
     match r {
         ToolResult::Error { message } => message.clone(),
         ToolResult::Success { response } => {
-            panic!("expected an error, got success: {}", response.to_model_text())
+            panic!(
+                "expected an error, got success: {}",
+                response.to_model_text()
+            )
         }
     }
 }
@@ -133,7 +136,10 @@ fn wrapper_reports_small_results_in_the_termination_message() {
     // `cat` echoes the envelope: it arrived on stdin, intact.
     let out = s.wrap(&env, &["cat"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    assert!(out.stdout.is_empty(), "nothing on stdout for a small result");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout for a small result"
+    );
     let result = ResultEnvelope::parse_for(&s.message(), &t).unwrap();
     assert_eq!(CallEnvelope::parse(&text_of(&result)).unwrap(), env);
     // stderr is shown (for `kubectl logs`), ending with a newline.
@@ -197,7 +203,10 @@ fn wrapper_turns_failures_into_error_results_and_exits_zero() {
     let out = s.wrap(&env, &["/no/such/tool"]).output().unwrap();
     assert!(out.status.success());
     let e = error_of(&ResultEnvelope::parse_for(&s.message(), &t).unwrap());
-    assert!(e.contains("cannot start") && e.contains("/no/such/tool"), "{e}");
+    assert!(
+        e.contains("cannot start") && e.contains("/no/such/tool"),
+        "{e}"
+    );
     // The wrapper's own failure: exit 64, the reason as the message.
     let out = Command::new(BIN)
         .args(["tool-exec", "--envelope", "/nonexistent/envelope.json"])
@@ -207,7 +216,11 @@ fn wrapper_turns_failures_into_error_results_and_exits_zero() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64), "{out:?}");
-    assert!(s.message().contains("cannot read the envelope"), "{}", s.message());
+    assert!(
+        s.message().contains("cannot read the envelope"),
+        "{}",
+        s.message()
+    );
 }
 
 #[test]
@@ -433,8 +446,8 @@ async fn a_busybox_tool_reads_the_envelope_and_its_text_comes_back() {
 
     // The arguments are nowhere in the pod's command, args or env; only in
     // the annotation the downward API reads.
-    let ps = serde_json::to_value(job.spec.as_ref().unwrap().template.spec.as_ref().unwrap())
-        .unwrap();
+    let ps =
+        serde_json::to_value(job.spec.as_ref().unwrap().template.spec.as_ref().unwrap()).unwrap();
     for c in ps["containers"]
         .as_array()
         .unwrap()
@@ -449,7 +462,15 @@ async fn a_busybox_tool_reads_the_envelope_and_its_text_comes_back() {
             );
         }
     }
-    let annotation = &job.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations
+    let annotation = &job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
         .as_ref()
         .unwrap()[ANNOTATION_ENVELOPE];
     assert_eq!(CallEnvelope::parse(annotation).unwrap(), env);
@@ -555,7 +576,13 @@ async fn failures_become_clear_error_results() {
     let e_secret = envelope(&secret, "{}");
     let (r_exit, r_deadline, r_oom, r_missing, r_never, r_secret) = tokio::join!(
         run_to_end(&runner, &exit_spec, &e_exit, 1, MINUTE),
-        run_to_end(&runner, &deadline_spec, &e_deadline, 1, Duration::from_secs(5)),
+        run_to_end(
+            &runner,
+            &deadline_spec,
+            &e_deadline,
+            1,
+            Duration::from_secs(5)
+        ),
         run_to_end(&runner, &oom_spec, &e_oom, 1, MINUTE),
         run_to_end(&runner, &missing_spec, &e_missing, 1, MINUTE),
         run_to_end(&never_runner, &never_spec, &e_never, 1, MINUTE),
@@ -628,11 +655,15 @@ async fn start_is_idempotent_across_calls_and_restarts() {
     let first = f.runner(JobDefaults::default());
     let timeout = MINUTE;
     assert_eq!(
-        first.start(RunKind::Isolated(&spec), &env, 1, timeout).await,
+        first
+            .start(RunKind::Isolated(&spec), &env, 1, timeout)
+            .await,
         RunStatus::InFlight
     );
     assert_eq!(
-        first.start(RunKind::Isolated(&spec), &env, 1, timeout).await,
+        first
+            .start(RunKind::Isolated(&spec), &env, 1, timeout)
+            .await,
         RunStatus::InFlight
     );
     // As after an operator restart: a new runner, same call.
@@ -647,7 +678,10 @@ async fn start_is_idempotent_across_calls_and_restarts() {
     assert_eq!(third, result);
     let jobs = f.jobs_of(&t).await;
     assert_eq!(jobs.len(), 2);
-    let mut attempts: Vec<u32> = jobs.iter().filter_map(|j| job::attempt_of(j).map(|a| a.1)).collect();
+    let mut attempts: Vec<u32> = jobs
+        .iter()
+        .filter_map(|j| job::attempt_of(j).map(|a| a.1))
+        .collect();
     attempts.sort();
     assert_eq!(attempts, [1, 2]);
     // Background calls are not the Job runner's.
@@ -656,7 +690,12 @@ async fn start_is_idempotent_across_calls_and_restarts() {
     // No Continuation, no Job.
     let orphan = token("orphan");
     let r = first
-        .start(RunKind::Isolated(&spec), &envelope(&orphan, "{}"), 1, timeout)
+        .start(
+            RunKind::Isolated(&spec),
+            &envelope(&orphan, "{}"),
+            1,
+            timeout,
+        )
         .await;
     let RunStatus::Finished(r) = r else {
         panic!("{r:?}")
@@ -703,7 +742,10 @@ async fn tool_pods_pass_the_restricted_standard_and_hold_nothing() {
         "stringData": {"token": "s3cret"},
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
 
     let runner = f.runner(JobDefaults::default());
     let t_env = token("env");
@@ -808,7 +850,9 @@ async fn a_deleted_pod_is_an_error_result() {
     let env = envelope(&t, "{}");
     let spec = sh(BUSYBOX_IMAGE, "echo running; sleep 120");
     assert_eq!(
-        runner.start(RunKind::Isolated(&spec), &env, 1, MINUTE).await,
+        runner
+            .start(RunKind::Isolated(&spec), &env, 1, MINUTE)
+            .await,
         RunStatus::InFlight
     );
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns.name);
@@ -822,8 +866,7 @@ async fn a_deleted_pod_is_an_error_result() {
             .as_ref()?
             .iter()
             .any(|c| {
-                c.name == TOOL_CONTAINER
-                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                c.name == TOOL_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
             });
         running.then_some(pod)
     })
@@ -857,20 +900,24 @@ async fn a_large_envelope_travels_in_an_owned_immutable_configmap() {
     let sent = serde_json::to_vec(&env).unwrap().len();
     assert_eq!(text_of(&result).trim(), sent.to_string());
     let name = job::job_name(&t, 1);
-    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-        f.client.clone(),
-        &f.ns.name,
-    )
-    .get(&name)
-    .await
-    .unwrap();
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(f.client.clone(), &f.ns.name)
+        .get(&name)
+        .await
+        .unwrap();
     assert_eq!(cm.immutable, Some(true));
     assert_eq!(
         cm.metadata.owner_references.as_ref().unwrap()[0].uid,
         owner.metadata.uid.unwrap()
     );
     let job = &f.jobs_of(&t).await[0];
-    let template = job.spec.as_ref().unwrap().template.metadata.as_ref().unwrap();
+    let template = job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap();
     assert!(template
         .annotations
         .as_ref()
@@ -896,17 +943,30 @@ async fn the_charts_egress_deny_policy_selects_tool_pods() {
         return;
     };
     let Some(helm) = helm() else {
-        assert!(!support::cluster_required(), "no helm under {}", support::BINARY_CACHE);
+        assert!(
+            !support::cluster_required(),
+            "no helm under {}",
+            support::BINARY_CACHE
+        );
         eprintln!("skipped: no helm");
         return;
     };
     let out = Command::new(helm)
         .args(["template", "agents"])
         .arg(support::repo_root().join("charts/agents"))
-        .args(["--namespace", &f.ns.name, "--show-only", "templates/tool-networkpolicy.yaml"])
+        .args([
+            "--namespace",
+            &f.ns.name,
+            "--show-only",
+            "templates/tool-networkpolicy.yaml",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dir = std::env::temp_dir().join(format!("netpol-{}", f.ns.name));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("netpol.yaml");
@@ -940,7 +1000,14 @@ async fn the_charts_egress_deny_policy_selects_tool_pods() {
     let runner = f.runner(JobDefaults::default());
     let t = token("netpol");
     f.continuation(&t).await;
-    let (result, _) = run_to_end(&runner, &sh(BUSYBOX_IMAGE, "echo hi"), &envelope(&t, "{}"), 1, MINUTE).await;
+    let (result, _) = run_to_end(
+        &runner,
+        &sh(BUSYBOX_IMAGE, "echo hi"),
+        &envelope(&t, "{}"),
+        1,
+        MINUTE,
+    )
+    .await;
     assert_eq!(result, ToolResult::text("hi"));
     let selected = Api::<Pod>::namespaced(f.client.clone(), &f.ns.name)
         .list(&ListParams::default().labels(&selector.join(",")))

@@ -91,7 +91,10 @@ fn install(target: &Path) -> std::io::Result<()> {
 
 fn wrapper_failed(termination_log: &Path, message: &str) -> ExitCode {
     eprintln!("{message}");
-    let cut: String = message.chars().take(job::TERMINATION_MESSAGE_LIMIT / 4).collect();
+    let cut: String = message
+        .chars()
+        .take(job::TERMINATION_MESSAGE_LIMIT / 4)
+        .collect();
     let _ = std::fs::write(termination_log, cut);
     ExitCode::from(WRAPPER_FAILED)
 }
@@ -188,9 +191,7 @@ pub async fn run_tool(envelope: &CallEnvelope, command: &[String]) -> ToolResult
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            return ToolResult::error(format!(
-                "cannot start the tool's command {program:?}: {e}"
-            ))
+            return ToolResult::error(format!("cannot start the tool's command {program:?}: {e}"))
         }
     };
     let pgid = child.id().map(|p| p as i32);
@@ -298,18 +299,17 @@ pub async fn run_tool(envelope: &CallEnvelope, command: &[String]) -> ToolResult
             w = &mut wait => break w,
         }
     };
-    let (_, (out, overflow), err) = match drained {
-        Some(r) => r,
-        None => match tokio::time::timeout(DRAIN, readers).await {
-            Ok(r) => r,
-            Err(_) => {
-                return ToolResult::error(
+    let (_, (out, overflow), err) =
+        match drained {
+            Some(r) => r,
+            None => match tokio::time::timeout(DRAIN, readers).await {
+                Ok(r) => r,
+                Err(_) => return ToolResult::error(
                     "the tool exited, but a process it started in a new session kept its output \
                      open; its output is lost",
-                )
-            }
-        },
-    };
+                ),
+            },
+        };
     let status = match status {
         Ok(s) => s,
         Err(e) => return ToolResult::error(format!("waiting for the tool {program:?}: {e}")),
@@ -453,7 +453,10 @@ mod tests {
     #[tokio::test]
     async fn failures_name_the_status_and_the_stderr_tail() {
         let r = run_tool(&envelope(), &sh("echo boom >&2; exit 3")).await;
-        assert_eq!(r, ToolResult::error("the tool ended with exit status 3: boom"));
+        assert_eq!(
+            r,
+            ToolResult::error("the tool ended with exit status 3: boom")
+        );
         let r = run_tool(&envelope(), &sh("kill -9 $$")).await;
         assert!(
             matches!(&r, ToolResult::Error { message } if message.contains("SIGKILL")),

@@ -135,7 +135,11 @@ const FRAME_LINE_BYTES: usize = 4096;
 pub fn frame(token: &ContinuationToken, json: &str) -> String {
     let mut out = String::with_capacity(json.len() + json.len() / FRAME_LINE_BYTES + 200);
     out.push('\n');
-    out.push_str(&frame_begin(token, &sha256_hex(json.as_bytes()), json.len()));
+    out.push_str(&frame_begin(
+        token,
+        &sha256_hex(json.as_bytes()),
+        json.len(),
+    ));
     out.push('\n');
     let mut rest = json;
     while !rest.is_empty() {
@@ -286,7 +290,13 @@ pub fn token_label(token: &ContinuationToken) -> String {
 /// The call a tool Job runs for: its token (annotation) and attempt (label).
 pub fn attempt_of(job: &Job) -> Option<(ContinuationToken, u32)> {
     let token = job.metadata.annotations.as_ref()?.get(ANNOTATION_TOKEN)?;
-    let attempt = job.metadata.labels.as_ref()?.get(LABEL_ATTEMPT)?.parse().ok()?;
+    let attempt = job
+        .metadata
+        .labels
+        .as_ref()?
+        .get(LABEL_ATTEMPT)?
+        .parse()
+        .ok()?;
     Some((ContinuationToken(token.clone()), attempt))
 }
 
@@ -1003,9 +1013,11 @@ fn pod_failure(pod: &Pod) -> Option<String> {
             status.message.as_deref().unwrap_or("")
         ));
     }
-    let disrupted = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "DisruptionTarget" && c.status == "True"
-    });
+    let disrupted = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
     if let Some(c) = disrupted {
         return Some(format!(
             "the tool's pod was stopped before it reported a result ({}: {})",
@@ -1180,7 +1192,9 @@ mod tests {
         // A message for another token is an error result, not a success.
         let other = ContinuationToken("other-t1-c0".into());
         let (msg, _) = report(&other, &ToolResult::text("hi"));
-        assert!(matches!(read_message(&msg, &t), Message::Result(ToolResult::Error { message }) if message.contains("token")));
+        assert!(
+            matches!(read_message(&msg, &t), Message::Result(ToolResult::Error { message }) if message.contains("token"))
+        );
         assert_eq!(
             read_message("cannot read the envelope", &t),
             Message::Other("cannot read the envelope".into())
@@ -1303,7 +1317,14 @@ mod tests {
             ..Default::default()
         });
         let e = r
-            .build_job(&env, &bad, 1, Duration::from_secs(1), &owner(), &EnvelopeSource::Annotation(text.clone()))
+            .build_job(
+                &env,
+                &bad,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::Annotation(text.clone()),
+            )
             .unwrap_err();
         assert!(e.contains("AGENTS_TOKEN"), "{e}");
         let no_cmd = IsolationSpec {
@@ -1311,15 +1332,32 @@ mod tests {
             ..spec.clone()
         };
         let e = r
-            .build_job(&env, &no_cmd, 1, Duration::from_secs(1), &owner(), &EnvelopeSource::Annotation(text))
+            .build_job(
+                &env,
+                &no_cmd,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::Annotation(text),
+            )
             .unwrap_err();
         assert!(e.contains("command"), "{e}");
         // Large envelopes come from a ConfigMap.
         let job = r
-            .build_job(&env, &spec, 1, Duration::from_secs(1), &owner(), &EnvelopeSource::ConfigMap("cm".into()))
+            .build_job(
+                &env,
+                &spec,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::ConfigMap("cm".into()),
+            )
             .unwrap();
         let v = serde_json::to_value(&job).unwrap();
-        assert_eq!(v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"], "cm");
+        assert_eq!(
+            v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"],
+            "cm"
+        );
         assert!(v["spec"]["template"]["metadata"]["annotations"]
             .get(ANNOTATION_ENVELOPE)
             .is_none());
@@ -1359,9 +1397,7 @@ mod tests {
     fn every_ending_is_judged() {
         let t = token();
         let g = Duration::from_secs(30);
-        let cond = |ty: &str, reason: &str| {
-            json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}])
-        };
+        let cond = |ty: &str, reason: &str| json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}]);
         let (msg, _) = report(&t, &ToolResult::text("ok"));
         let done = job_with(cond("Complete", ""));
         let ok_pod = pod_with(terminated("Completed", 0, &msg));
@@ -1370,7 +1406,9 @@ mod tests {
             Verdict::Done(ToolResult::text("ok"))
         );
         let v = judge(&done, &[], &t, t0(), g);
-        assert!(matches!(v, Verdict::Done(ToolResult::Error { message }) if message.contains("pod is gone")));
+        assert!(
+            matches!(v, Verdict::Done(ToolResult::Error { message }) if message.contains("pod is gone"))
+        );
         let deadline = job_with(cond("Failed", "DeadlineExceeded"));
         let v = judge(&deadline, &[], &t, t0(), g);
         assert!(
@@ -1384,7 +1422,11 @@ mod tests {
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("out of memory") && message.contains("32Mi")),
             "{v:?}"
         );
-        let wrapper = pod_with(terminated("Error", 64, "agents tool-exec: cannot read the envelope"));
+        let wrapper = pod_with(terminated(
+            "Error",
+            64,
+            "agents tool-exec: cannot read the envelope",
+        ));
         let v = judge(&failed, &[wrapper], &t, t0(), g);
         assert!(
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("exit code 64") && message.contains("cannot read the envelope")),
@@ -1395,7 +1437,8 @@ mod tests {
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("deleted")),
             "{v:?}"
         );
-        let evicted = pod_with(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
+        let evicted =
+            pod_with(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
         let v = judge(&failed, &[evicted], &t, t0(), g);
         assert!(
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: low on memory")),
@@ -1404,9 +1447,11 @@ mod tests {
         // Waiting pods: fatal reasons at once, others after the grace.
         let running = job_with(json!([]));
         let waiting = |reason: &str| {
-            pod_with(json!({"containerStatuses": [{"name": "tool", "image": "nope:1", "imageID": "",
+            pod_with(
+                json!({"containerStatuses": [{"name": "tool", "image": "nope:1", "imageID": "",
                 "ready": false, "restartCount": 0,
-                "state": {"waiting": {"reason": reason, "message": "details"}}}]}))
+                "state": {"waiting": {"reason": reason, "message": "details"}}}]}),
+            )
         };
         assert!(matches!(
             judge(&running, &[waiting("ErrImageNeverPull")], &t, t0() + 1, g),
