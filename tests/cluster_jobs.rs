@@ -370,12 +370,16 @@ impl Fixture {
             .items
     }
 
-    async fn pod_of(&self, job: &str) -> Pod {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns.name)
+    async fn pods_of(&self, job: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns.name)
             .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
             .await
             .unwrap()
-            .items;
+            .items
+    }
+
+    async fn pod_of(&self, job: &str) -> Pod {
+        let pods = self.pods_of(job).await;
         assert_eq!(pods.len(), 1, "one pod for Job {job}");
         pods.into_iter().next().unwrap()
     }
@@ -858,7 +862,7 @@ async fn a_deleted_pod_is_an_error_result() {
     let pods: Api<Pod> = Api::namespaced(f.client.clone(), &f.ns.name);
     let name = job::job_name(&t, 1);
     let pod = support::wait_until(MINUTE, "the tool running", || async {
-        let pod = f.pod_of(&name).await;
+        let pod = f.pods_of(&name).await.into_iter().next()?;
         let running = pod
             .status
             .as_ref()?
@@ -1015,4 +1019,40 @@ async fn the_charts_egress_deny_policy_selects_tool_pods() {
         .unwrap()
         .items;
     assert_eq!(selected.len(), 1, "the policy selects the tool pod");
+}
+
+#[tokio::test]
+async fn a_disallowed_image_fails_clearly_and_creates_no_job() {
+    let Some(f) = Fixture::new("jobs-allow").await else {
+        return;
+    };
+    let runner = f.runner(JobDefaults {
+        allowed_images: Some(vec!["agents.local/*".into()]),
+        ..JobDefaults::default()
+    });
+    let t = token("allow");
+    f.continuation(&t).await;
+    let spec = sh("docker.io/library/alpine:3", "true");
+    let r = runner
+        .start(RunKind::Isolated(&spec), &envelope(&t, "{}"), 1, MINUTE)
+        .await;
+    let RunStatus::Finished(r) = r else {
+        panic!("{r:?}")
+    };
+    let e = error_of(&r);
+    assert!(e.contains("not allowed") && e.contains("alpine"), "{e}");
+    assert!(
+        f.jobs_of(&t).await.is_empty(),
+        "no Job for a disallowed image"
+    );
+    // An allowed image runs.
+    let (ok, _) = run_to_end(
+        &runner,
+        &sh(BUSYBOX_IMAGE, "echo fine"),
+        &envelope(&t, "{}"),
+        1,
+        MINUTE,
+    )
+    .await;
+    assert_eq!(ok, ToolResult::text("fine"));
 }

@@ -337,6 +337,10 @@ pub struct JobDefaults {
     /// Pull policy of the agents (wrapper) image and the tool images.
     pub agents_image_pull_policy: String,
     pub tool_image_pull_policy: String,
+    /// Glob patterns (`*`, `?`, `[abc]`) a tool's image must match; `None`
+    /// allows any image. A call whose image matches none fails with an
+    /// error result and no Job is created.
+    pub allowed_images: Option<Vec<String>>,
 }
 
 impl Default for JobDefaults {
@@ -358,6 +362,7 @@ impl Default for JobDefaults {
             tmp_size_limit: "64Mi".into(),
             agents_image_pull_policy: "IfNotPresent".into(),
             tool_image_pull_policy: "IfNotPresent".into(),
+            allowed_images: None,
         }
     }
 }
@@ -394,6 +399,7 @@ impl Owner {
 /// replace them.
 const RESERVED_ENV: &[&str] = &["AGENTS_TOKEN", "AGENTS_ENVELOPE_VERSION"];
 
+#[derive(Clone)]
 pub struct JobRunner {
     client: Client,
     namespace: String,
@@ -441,6 +447,39 @@ impl JobRunner {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// The same runner for another namespace (cheap: the client is shared).
+    pub fn with_namespace(&self, namespace: impl Into<String>) -> JobRunner {
+        JobRunner {
+            namespace: namespace.into(),
+            ..self.clone()
+        }
+    }
+
+    /// `Err` with the message for the model when the image is not allowed.
+    pub fn check_image(&self, image: &str) -> Result<(), String> {
+        let Some(patterns) = &self.defaults.allowed_images else {
+            return Ok(());
+        };
+        let allowed = patterns.iter().any(|p| {
+            glob::Pattern::new(p)
+                .map(|p| p.matches(image))
+                .unwrap_or(false)
+        });
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "the tool image {image:?} is not allowed here: the operator runs only images \
+                 matching {}; ask its administrator to allow it, or use an allowed image",
+                if patterns.is_empty() {
+                    "nothing (the allow-list is empty)".to_string()
+                } else {
+                    patterns.join(", ")
+                }
+            ))
+        }
     }
 
     /// The Job for one attempt (pure: no API call).
@@ -642,6 +681,9 @@ impl JobRunner {
         timeout: Duration,
     ) -> RunStatus {
         let token = &envelope.token;
+        if let Err(e) = self.check_image(&spec.image) {
+            return RunStatus::Finished(ToolResult::error(e));
+        }
         let owner = match self.owner(token).await {
             Step::Go(o) => o,
             Step::Done(s) => return s,
@@ -1036,6 +1078,13 @@ fn from_terminated(
 ) -> Verdict {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let message = t.message.as_deref().unwrap_or("");
+    // An evicted or disrupted pod in a failed Job: that is what happened,
+    // whatever the wrapper said when it got SIGTERM.
+    if job_failed.is_some() {
+        if let Some(p) = pod_failure(pod) {
+            return Verdict::Done(ToolResult::error(p));
+        }
+    }
     match read_message(message, token) {
         Message::Result(r) => return Verdict::Done(r),
         Message::InLog(pointer) => {
@@ -1072,9 +1121,7 @@ fn from_terminated(
         out.push_str(text);
     }
     if let Some((r, m)) = job_failed {
-        if let Some(p) = pod_failure(pod) {
-            out = p;
-        } else if text.is_empty() {
+        if text.is_empty() {
             out.push_str(&format!(" (Job failed: {r}: {m})"));
         }
     }
@@ -1363,6 +1410,29 @@ mod tests {
             .is_none());
     }
 
+    #[tokio::test]
+    async fn only_allowed_images_run() {
+        let r = runner().await;
+        assert!(r.check_image("anything:1").is_ok(), "no list: any image");
+        let r = JobRunner::new(
+            r.client.clone(),
+            "ns",
+            "agents:1",
+            JobDefaults {
+                allowed_images: Some(vec!["agents.local/*".into(), "ghcr.io/acme/tool:v?".into()]),
+                ..JobDefaults::default()
+            },
+        );
+        assert!(r.check_image("agents.local/busybox:ci").is_ok());
+        assert!(r.check_image("ghcr.io/acme/tool:v1").is_ok());
+        let e = r.check_image("docker.io/library/alpine:3").unwrap_err();
+        assert!(
+            e.contains("not allowed") && e.contains("agents.local/*"),
+            "{e}"
+        );
+        assert_eq!(r.with_namespace("other").namespace(), "other");
+    }
+
     fn job_with(conditions: serde_json::Value) -> Job {
         serde_json::from_value(json!({
             "metadata": {"name": "j"},
@@ -1442,6 +1512,16 @@ mod tests {
         let v = judge(&failed, &[evicted], &t, t0(), g);
         assert!(
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: low on memory")),
+            "{v:?}"
+        );
+        let (sigterm, _) = report(&t, &ToolResult::error("the tool was stopped by SIGTERM"));
+        let mut evicted_after_report = pod_with(terminated("Completed", 0, &sigterm));
+        let status = evicted_after_report.status.as_mut().unwrap();
+        status.reason = Some("Evicted".into());
+        status.message = Some("disk pressure".into());
+        let v = judge(&failed, &[evicted_after_report], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: disk pressure")),
             "{v:?}"
         );
         // Waiting pods: fatal reasons at once, others after the grace.
