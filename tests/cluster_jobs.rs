@@ -688,6 +688,22 @@ async fn start_is_idempotent_across_calls_and_restarts() {
         .collect();
     attempts.sort();
     assert_eq!(attempts, [1, 2]);
+    // Five runners racing on one new attempt: one Job.
+    let raced = token("raced");
+    f.continuation(&raced).await;
+    let runners: Vec<JobRunner> = (0..5).map(|_| f.runner(JobDefaults::default())).collect();
+    let env_raced = envelope(&raced, "{}");
+    let starts = runners
+        .iter()
+        .map(|r| r.start(RunKind::Isolated(&spec), &env_raced, 1, timeout));
+    for s in futures::future::join_all(starts).await {
+        assert_eq!(s, RunStatus::InFlight);
+    }
+    assert_eq!(
+        f.jobs_of(&raced).await.len(),
+        1,
+        "one Job for five racing starts"
+    );
     // Background calls are not the Job runner's.
     let r = first.start(RunKind::Background, &env, 1, timeout).await;
     assert!(matches!(r, RunStatus::Finished(ToolResult::Error { .. })));
@@ -1055,4 +1071,36 @@ async fn a_disallowed_image_fails_clearly_and_creates_no_job() {
     )
     .await;
     assert_eq!(ok, ToolResult::text("fine"));
+}
+
+/// Not part of the suite (it takes a minute or two): latency of one
+/// isolated call through the Job runner, create to result, 20 in a row.
+/// `cargo test --test cluster_jobs -- --ignored --nocapture latency`
+#[tokio::test]
+#[ignore]
+async fn latency_of_twenty_isolated_calls() {
+    let Some(f) = Fixture::new("jobs-latency").await else {
+        return;
+    };
+    let runner = f.runner(JobDefaults::default());
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let t = ContinuationToken(format!("lat-t1-c{i}"));
+        f.continuation(&t).await;
+        let (r, d) = run_to_end(
+            &runner,
+            &sh(BUSYBOX_IMAGE, "cat >/dev/null; echo ok"),
+            &envelope(&t, "{}"),
+            1,
+            MINUTE,
+        )
+        .await;
+        assert_eq!(r, ToolResult::text("ok"));
+        took.push(d);
+    }
+    took.sort();
+    println!(
+        "Job round trip over 20 calls (polling every 250 ms): p50 {:?}, p95 {:?}, max {:?}",
+        took[9], took[18], took[19]
+    );
 }

@@ -987,6 +987,16 @@ pub fn judge(
              {reason}: {message})"
         )));
     }
+    // The tool reported before the Job controller noticed: the result is
+    // final (restartPolicy Never), no need to wait for the Job's condition.
+    if let Some((pod, t)) = ended {
+        if !matches!(
+            read_message(t.message.as_deref().unwrap_or(""), token),
+            Message::Other(_)
+        ) {
+            return from_terminated(pod, t, token, None);
+        }
+    }
     // Running: is a pod stuck on something that will not come?
     for pod in pods {
         let age = pod
@@ -1472,8 +1482,20 @@ mod tests {
         let done = job_with(cond("Complete", ""));
         let ok_pod = pod_with(terminated("Completed", 0, &msg));
         assert_eq!(
-            judge(&done, &[ok_pod], &t, t0(), g),
+            judge(&done, std::slice::from_ref(&ok_pod), &t, t0(), g),
             Verdict::Done(ToolResult::text("ok"))
+        );
+        // Reported before the Job controller marked the Job complete.
+        let running = job_with(json!([]));
+        assert_eq!(
+            judge(&running, &[ok_pod], &t, t0(), g),
+            Verdict::Done(ToolResult::text("ok"))
+        );
+        let wrapper_failed = pod_with(terminated("Error", 64, "cannot read"));
+        assert_eq!(
+            judge(&running, &[wrapper_failed], &t, t0(), g),
+            Verdict::Running,
+            "without a result, wait for the Job's verdict"
         );
         let v = judge(&done, &[], &t, t0(), g);
         assert!(
