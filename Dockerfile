@@ -1,8 +1,40 @@
-# The operator image: one static binary, non-root. Build the binary outside
-# Docker (no engine is needed to make the image; tests/cluster/mkimage
-# assembles the same layout from files):
-#   cargo build --release --target x86_64-unknown-linux-musl
-FROM scratch
-COPY target/x86_64-unknown-linux-musl/release/agents /agents
+# The agents image: one static `agents` binary (the operator, the CLI and the
+# tool wrapper `agents tool-exec`), non-root, nothing else.
+#
+# Two ways to build it, one final layout:
+#
+# 1. Where a registry is reachable, the whole build (the default target):
+#      buildah bud -t agents:dev .            # or: docker build -t agents:dev .
+#
+# 2. From a binary built on the host (no registry needed: what the test
+#    scripts do, see tests/cluster/agents-image):
+#      RUSTFLAGS="-C target-feature=+crt-static" \
+#        cargo build --release --locked --target x86_64-unknown-linux-gnu
+#      buildah bud --target from-host -t agents:dev .
+#    AGENTS_BINARY names the binary inside the build context.
+#
+# The binary is linked statically on the gnu target (crt-static): it runs in
+# any image, which is what the Job runner's wrapper needs (busybox, alpine,
+# distroless, scratch).
+
+ARG RUST_IMAGE=docker.io/library/rust:1-bookworm
+
+# A stage listed before the builder: `--target from-host` stops here and
+# never needs the Rust image.
+FROM scratch AS from-host
+ARG AGENTS_BINARY=target/x86_64-unknown-linux-gnu/release/agents
+COPY ${AGENTS_BINARY} /agents
+USER 65532:65532
+ENTRYPOINT ["/agents"]
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+COPY . .
+RUN RUSTFLAGS="-C target-feature=+crt-static" \
+      cargo build --release --locked --target x86_64-unknown-linux-gnu \
+ && cp target/x86_64-unknown-linux-gnu/release/agents /agents
+
+FROM scratch AS image
+COPY --from=build /agents /agents
 USER 65532:65532
 ENTRYPOINT ["/agents"]

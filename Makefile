@@ -2,7 +2,7 @@
 # it needs root, the Debian packages from tests/cluster/install-deps and Go.
 CLUSTER := tests/cluster
 
-.PHONY: test unit cluster-build cluster-images cluster-up cluster-down
+.PHONY: test unit cluster-build cluster-images cluster-up cluster-down agents-image
 
 ## test: build/reuse cluster binaries, cluster up, all cargo tests against it, cluster down
 test:
@@ -19,6 +19,10 @@ cluster-build:
 ## cluster-images: build the pause and busybox image archives
 cluster-images:
 	$(CLUSTER)/images
+
+## agents-image: build the agents image from the Dockerfile (static binary, buildah) and import it into the test cluster
+agents-image:
+	$(CLUSTER)/agents-image
 
 ## cluster-up: start the test cluster (kubeconfig /var/lib/agents-test-cluster/admin.kubeconfig)
 cluster-up: cluster-build

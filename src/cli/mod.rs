@@ -6,6 +6,7 @@ mod operator_cmd;
 pub mod out;
 mod run_cmd;
 mod session_cmd;
+mod tool_exec;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -41,6 +42,9 @@ pub enum Command {
     /// Run the operator: reconcile Sessions in the cluster of the current
     /// kubeconfig context (or the pod's service account) until SIGTERM.
     Operator(OperatorArgs),
+    /// Inside a tool Job's container: run the tool's command with the call
+    /// envelope on stdin and report its result (used by the Job runner).
+    ToolExec(tool_exec::ToolExecArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -206,6 +210,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
         Command::Operator(args) => operator_cmd::run(args),
+        Command::ToolExec(args) => return tool_exec::run(args),
     };
     match result {
         Ok(code) => code,

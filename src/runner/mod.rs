@@ -25,6 +25,8 @@
 //!   kill the tool. The tool's own children do not inherit the signal;
 //!   they die with the group on every exit path except a SIGKILLed worker.
 
+pub mod job;
+
 use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};
 use crate::core::{IsolationSpec, ToolResult};
 use std::path::{Path, PathBuf};
@@ -374,8 +376,9 @@ fn looks_like_result_envelope(text: &str) -> bool {
             .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some())
 }
 
-/// Turns what the child printed into the call's result.
-fn interpret(
+/// Turns what the child printed into the call's result (the Job runner's
+/// wrapper, `agents tool-exec`, uses it too, so both runners agree).
+pub(crate) fn interpret(
     envelope: &CallEnvelope,
     success: bool,
     exit_code: Option<i32>,

@@ -1,0 +1,1575 @@
+//! The Job runner: runs a `runIsolated` attempt as a hardened Kubernetes Job,
+//! speaking the same contract as the process runner (call envelope in,
+//! result envelope or plain text out).
+//!
+//! # The pod
+//!
+//! - An init container from the agents image copies the static `agents`
+//!   binary into an `emptyDir` at [`WRAPPER_DIR`]; the tool container runs
+//!   the user's image with its command wrapped:
+//!   `/agents-bin/agents tool-exec --envelope /agents-input/envelope.json -- CMD ARGS...`
+//!   (Argo's emissary pattern), so a tool image needs none of our code.
+//! - The envelope reaches the pod as a file: a downward-API volume item of
+//!   the pod annotation [`ANNOTATION_ENVELOPE`], or, when larger than
+//!   [`ANNOTATION_ENVELOPE_LIMIT`], an owned immutable ConfigMap. The
+//!   model's arguments never appear in the command, args or env.
+//! - The wrapper (`agents tool-exec`) reports the result envelope in the
+//!   termination message when it fits ([`TERMINATION_MESSAGE_LIMIT`]),
+//!   otherwise as a framed block in the container log ([`frame`]) while the
+//!   termination message holds a [`ResultInLog`] pointer with its SHA-256.
+//! - Hardened: no service-account token, a service account with no
+//!   permissions, non-root, read-only root (a small `emptyDir` at `/tmp`),
+//!   no privilege escalation, all capabilities dropped, `RuntimeDefault`
+//!   seccomp, requests and limits, no service links, only the env vars the
+//!   tool definition names (secrets as `secretKeyRef`). It passes the
+//!   `restricted` Pod Security Standard.
+//!
+//! # The Job
+//!
+//! One per attempt, named by [`job_name`] (token and attempt), owned by the
+//! Continuation named by the token (controller reference, its uid checked
+//! on adoption), labelled [`LABEL_CONTINUATION`], [`LABEL_ATTEMPT`] and
+//! [`LABEL_ROLE`]`=tool` (select them with [`TOOL_JOB_SELECTOR`]),
+//! `backoffLimit: 0` (retries are the engine's decorator),
+//! `activeDeadlineSeconds` from the timeout, `ttlSecondsAfterFinished`.
+//!
+//! [`JobRunner::start`] creates the Job or adopts the one that exists, and
+//! reports how it ended. Every way a pod can fail becomes an error result
+//! saying what happened; a pod stuck on its image (not present, not
+//! pullable) or its configuration (a missing Secret) is given up after
+//! [`JobDefaults::stuck_grace`]: the runner records why on the Job
+//! ([`ANNOTATION_FAILURE`]) and ends it, so every later call reports the
+//! same error.
+//!
+//! API errors that may pass (the server unreachable, a conflict, throttling)
+//! give `InFlight`: nothing was decided, call again later. Errors that will
+//! not pass (forbidden, invalid) give an error result naming the fix.
+
+use crate::api::Continuation;
+use crate::core::envelope::{CallEnvelope, ResultEnvelope};
+use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
+use crate::engine::ports::{RunKind, RunStatus, RunnerPort};
+use futures::future::BoxFuture;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
+use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Label on Jobs and their pods: the token of the call (the Continuation's name).
+pub const LABEL_CONTINUATION: &str = "agents-exe.io/continuation";
+/// Label on Jobs and their pods: the attempt number (1, 2, ...).
+pub const LABEL_ATTEMPT: &str = "agents-exe.io/attempt";
+/// Label on Jobs and their pods; its value is [`ROLE_TOOL`]. The chart's
+/// egress-deny NetworkPolicy selects tool pods by it.
+pub const LABEL_ROLE: &str = "agents-exe.io/role";
+pub const ROLE_TOOL: &str = "tool";
+/// Selects every tool Job (and tool pod) of the runner: for a watch.
+pub const TOOL_JOB_SELECTOR: &str = "agents-exe.io/role=tool";
+/// Annotation on Jobs: the full token (labels are limited to 63 characters).
+pub const ANNOTATION_TOKEN: &str = "agents-exe.io/token";
+/// Pod annotation holding the call envelope (read through the downward API).
+pub const ANNOTATION_ENVELOPE: &str = "agents-exe.io/envelope";
+/// Annotation on a Job the runner gave up on (stuck pod): the error result.
+pub const ANNOTATION_FAILURE: &str = "agents-exe.io/failure";
+
+/// The tool container's name (its termination message and log carry the result).
+pub const TOOL_CONTAINER: &str = "tool";
+/// The init container that installs the wrapper.
+pub const INSTALL_CONTAINER: &str = "agents-wrapper";
+/// Where the wrapper binary is shared (an `emptyDir`, read-only in the tool container).
+pub const WRAPPER_DIR: &str = "/agents-bin";
+pub const WRAPPER_PATH: &str = "/agents-bin/agents";
+/// Where the envelope file is mounted.
+pub const INPUT_DIR: &str = "/agents-input";
+pub const ENVELOPE_FILE: &str = "envelope.json";
+pub const ENVELOPE_PATH: &str = "/agents-input/envelope.json";
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The kubelet keeps at most this much of a termination message.
+pub const TERMINATION_MESSAGE_LIMIT: usize = 4096;
+/// Envelopes up to this size travel in a pod annotation (all annotations of
+/// an object share 256 KiB); larger ones in an owned, immutable ConfigMap.
+pub const ANNOTATION_ENVELOPE_LIMIT: usize = 200 * 1024;
+/// A ConfigMap holds at most 1 MiB; envelopes beyond this are refused.
+pub const CONFIGMAP_ENVELOPE_LIMIT: usize = 1000 * 1024;
+/// The most a tool may print as its result. The kubelet rotates container
+/// logs at 10 MiB by default, and the log is where large results travel.
+pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+
+/// What the termination message says when the result is in the log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultInLog {
+    pub result_in_log: bool,
+    /// Lowercase hex SHA-256 of the result envelope's JSON.
+    pub sha256: String,
+    pub bytes: usize,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    crate::core::ids::hex(&Sha256::digest(bytes))
+}
+
+fn frame_begin(token: &ContinuationToken, sha: &str, bytes: usize) -> String {
+    format!("----- agents result {token} sha256={sha} bytes={bytes} -----")
+}
+
+fn frame_end(token: &ContinuationToken) -> String {
+    format!("----- end agents result {token} -----")
+}
+
+/// Longest line of a framed block: well under the 16 KiB at which the
+/// runtime splits log lines.
+const FRAME_LINE_BYTES: usize = 4096;
+
+/// The block the wrapper prints when the result is too large for the
+/// termination message: a begin line (token, hash, length), the JSON in
+/// lines of at most 4 KiB (cut at character boundaries; JSON from serde has
+/// no raw newlines), an end line. It starts with a newline so it never
+/// continues a line the tool left open.
+pub fn frame(token: &ContinuationToken, json: &str) -> String {
+    let mut out = String::with_capacity(json.len() + json.len() / FRAME_LINE_BYTES + 200);
+    out.push('\n');
+    out.push_str(&frame_begin(
+        token,
+        &sha256_hex(json.as_bytes()),
+        json.len(),
+    ));
+    out.push('\n');
+    let mut rest = json;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(FRAME_LINE_BYTES);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.push_str(&rest[..cut]);
+        out.push('\n');
+        rest = &rest[cut..];
+    }
+    out.push_str(&frame_end(token));
+    out.push('\n');
+    out
+}
+
+/// The JSON of the last complete block for `token` announced with `sha`
+/// and `bytes`, checked against both.
+pub fn unframe(
+    log: &str,
+    token: &ContinuationToken,
+    sha: &str,
+    bytes: usize,
+) -> Result<String, String> {
+    let begin = frame_begin(token, sha, bytes);
+    let end = frame_end(token);
+    let mut found: Option<String> = None;
+    let mut current: Option<String> = None;
+    for line in log.lines() {
+        if line == begin {
+            current = Some(String::with_capacity(bytes));
+        } else if line == end {
+            if let Some(block) = current.take() {
+                found = Some(block);
+            }
+        } else if let Some(block) = current.as_mut() {
+            block.push_str(line);
+        }
+    }
+    let Some(json) = found else {
+        return Err(format!(
+            "the result block for {token} (sha256 {sha}) is not in the tool's log; \
+             the log may have been rotated or the pod removed"
+        ));
+    };
+    let got = sha256_hex(json.as_bytes());
+    if json.len() != bytes || got != sha {
+        return Err(format!(
+            "the result block in the tool's log is damaged: {} bytes with sha256 {got}, \
+             announced {bytes} bytes with sha256 {sha}",
+            json.len()
+        ));
+    }
+    Ok(json)
+}
+
+/// What the wrapper reports for `result`: the termination message, and the
+/// block to print on stdout when the result does not fit in it.
+pub fn report(token: &ContinuationToken, result: &ToolResult) -> (String, Option<String>) {
+    let json = serde_json::to_string(&ResultEnvelope::from_result(token.clone(), result))
+        .expect("result envelopes serialise");
+    if json.len() <= TERMINATION_MESSAGE_LIMIT {
+        return (json, None);
+    }
+    let pointer = ResultInLog {
+        result_in_log: true,
+        sha256: sha256_hex(json.as_bytes()),
+        bytes: json.len(),
+    };
+    let block = frame(token, &json);
+    (
+        serde_json::to_string(&pointer).expect("serialises"),
+        Some(block),
+    )
+}
+
+/// How a termination message reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    /// The result itself (or an error result if the envelope is bad).
+    Result(ToolResult),
+    /// The result is in the log.
+    InLog(ResultInLog),
+    /// Not from a wrapper that reported: its own failure text, or nothing.
+    Other(String),
+}
+
+pub fn read_message(message: &str, token: &ContinuationToken) -> Message {
+    let text = message.trim();
+    if text.starts_with('{') {
+        if let Ok(pointer) = serde_json::from_str::<ResultInLog>(text) {
+            if pointer.result_in_log {
+                return Message::InLog(pointer);
+            }
+        }
+        let looks_like_envelope = serde_json::from_str::<serde_json::Value>(text)
+            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some());
+        if looks_like_envelope {
+            return Message::Result(ResultEnvelope::parse_for(text, token).unwrap_or_else(|e| {
+                ToolResult::error(format!("the tool's result envelope: {e}"))
+            }));
+        }
+    }
+    Message::Other(text.to_string())
+}
+
+/// A Job name for the attempt: a DNS label (the Job controller puts it in
+/// a pod label, so at most 63 characters), stable for (token, attempt) and
+/// distinct across them.
+pub fn job_name(token: &ContinuationToken, attempt: u32) -> String {
+    let hash = &sha256_hex(format!("{token}/{attempt}").as_bytes())[..10];
+    let tail = format!("-a{attempt}-{hash}");
+    let clean: String = token
+        .as_str()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let keep = 63 - tail.len();
+    let prefix: String = clean.chars().take(keep).collect();
+    let prefix = prefix.trim_matches('-');
+    let prefix = if prefix.is_empty() { "tool" } else { prefix };
+    format!("{prefix}{tail}")
+}
+
+/// A label value for the token: the token itself when it is one (tokens are
+/// DNS labels), else a hash of it.
+pub fn token_label(token: &ContinuationToken) -> String {
+    let t = token.as_str();
+    let valid = !t.is_empty()
+        && t.len() <= 63
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && t.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && t.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        t.to_string()
+    } else {
+        format!("h-{}", &sha256_hex(t.as_bytes())[..40])
+    }
+}
+
+/// The call a tool Job runs for: its token (annotation) and attempt (label).
+pub fn attempt_of(job: &Job) -> Option<(ContinuationToken, u32)> {
+    let token = job.metadata.annotations.as_ref()?.get(ANNOTATION_TOKEN)?;
+    let attempt = job
+        .metadata
+        .labels
+        .as_ref()?
+        .get(LABEL_ATTEMPT)?
+        .parse()
+        .ok()?;
+    Some((ContinuationToken(token.clone()), attempt))
+}
+
+/// Every tool Job of a namespace (for the watch that wakes sessions when
+/// their Jobs end: watch Jobs with [`TOOL_JOB_SELECTOR`], map each event
+/// with [`attempt_of`]).
+pub async fn list_tool_jobs(client: &Client, namespace: &str) -> kube::Result<Vec<Job>> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    Ok(jobs
+        .list(&ListParams::default().labels(TOOL_JOB_SELECTOR))
+        .await?
+        .items)
+}
+
+/// Settings of the operator (all have defaults).
+#[derive(Clone, Debug)]
+pub struct JobDefaults {
+    /// The pods' service account: one with no permissions (its token is not
+    /// mounted anyway).
+    pub service_account: String,
+    /// User and group the containers run as (non-root).
+    pub run_as_user: i64,
+    /// Limits of the tool container, per resource, where the tool sets none.
+    pub limits: BTreeMap<String, String>,
+    /// Requests of the tool container, where the tool sets no limit for the
+    /// resource (a limit the tool sets is also its request).
+    pub requests: BTreeMap<String, String>,
+    /// Finished Jobs (and their pods) are deleted this long after they end:
+    /// their result must be recorded before.
+    pub ttl_seconds_after_finished: i32,
+    /// How long a pod may wait on a missing or unpullable image or a bad
+    /// configuration (a missing Secret) before the call fails.
+    pub stuck_grace: Duration,
+    /// Time between SIGTERM and SIGKILL when a Job is stopped.
+    pub termination_grace_seconds: i64,
+    /// Size of the tool's writable `/tmp`.
+    pub tmp_size_limit: String,
+    /// Pull policy of the agents (wrapper) image and the tool images.
+    pub agents_image_pull_policy: String,
+    pub tool_image_pull_policy: String,
+    /// Glob patterns (`*`, `?`, `[abc]`) a tool's image must match; `None`
+    /// allows any image. A call whose image matches none fails with an
+    /// error result and no Job is created.
+    pub allowed_images: Option<Vec<String>>,
+}
+
+impl Default for JobDefaults {
+    fn default() -> Self {
+        JobDefaults {
+            service_account: "default".into(),
+            run_as_user: 65532,
+            limits: [("cpu", "500m"), ("memory", "256Mi")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            requests: [("cpu", "100m"), ("memory", "64Mi")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ttl_seconds_after_finished: 3600,
+            stuck_grace: Duration::from_secs(60),
+            termination_grace_seconds: 10,
+            tmp_size_limit: "64Mi".into(),
+            agents_image_pull_policy: "IfNotPresent".into(),
+            tool_image_pull_policy: "IfNotPresent".into(),
+            allowed_images: None,
+        }
+    }
+}
+
+/// Where the envelope goes into the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvelopeSource {
+    /// In the pod annotation [`ANNOTATION_ENVELOPE`] (this JSON).
+    Annotation(String),
+    /// In the ConfigMap of this name, key [`ENVELOPE_FILE`].
+    ConfigMap(String),
+}
+
+/// The Continuation that owns the Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
+}
+
+impl Owner {
+    fn reference(&self) -> serde_json::Value {
+        json!([{
+            "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+            "kind": "Continuation",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": true,
+        }])
+    }
+}
+
+/// Variables the wrapper sets itself (from the envelope); a tool cannot
+/// replace them.
+const RESERVED_ENV: &[&str] = &["AGENTS_TOKEN", "AGENTS_ENVELOPE_VERSION"];
+
+#[derive(Clone)]
+pub struct JobRunner {
+    client: Client,
+    namespace: String,
+    agents_image: String,
+    defaults: JobDefaults,
+}
+
+/// Why `start` did not decide: an API error that may pass.
+enum Step<T> {
+    Go(T),
+    Done(RunStatus),
+}
+
+fn api_failure(what: &str, e: kube::Error) -> RunStatus {
+    match &e {
+        kube::Error::Api(s) if s.code == 403 => RunStatus::Finished(ToolResult::error(format!(
+            "{what}: forbidden: {}; the operator's service account needs the RBAC rules of the chart \
+             (jobs, pods, pods/log, configmaps, continuations)",
+            s.message
+        ))),
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => RunStatus::Finished(
+            ToolResult::error(format!("{what}: the API server refused it: {}", s.message)),
+        ),
+        _ => {
+            tracing::warn!(error = %e, "{what}: will try again");
+            RunStatus::InFlight
+        }
+    }
+}
+
+impl JobRunner {
+    pub fn new(
+        client: Client,
+        namespace: impl Into<String>,
+        agents_image: impl Into<String>,
+        defaults: JobDefaults,
+    ) -> Self {
+        JobRunner {
+            client,
+            namespace: namespace.into(),
+            agents_image: agents_image.into(),
+            defaults,
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The same runner for another namespace (cheap: the client is shared).
+    pub fn with_namespace(&self, namespace: impl Into<String>) -> JobRunner {
+        JobRunner {
+            namespace: namespace.into(),
+            ..self.clone()
+        }
+    }
+
+    /// `Err` with the message for the model when the image is not allowed.
+    pub fn check_image(&self, image: &str) -> Result<(), String> {
+        let Some(patterns) = &self.defaults.allowed_images else {
+            return Ok(());
+        };
+        let allowed = patterns.iter().any(|p| {
+            glob::Pattern::new(p)
+                .map(|p| p.matches(image))
+                .unwrap_or(false)
+        });
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "the tool image {image:?} is not allowed here: the operator runs only images \
+                 matching {}; ask its administrator to allow it, or use an allowed image",
+                if patterns.is_empty() {
+                    "nothing (the allow-list is empty)".to_string()
+                } else {
+                    patterns.join(", ")
+                }
+            ))
+        }
+    }
+
+    /// The Job for one attempt (pure: no API call).
+    pub fn build_job(
+        &self,
+        envelope: &CallEnvelope,
+        spec: &IsolationSpec,
+        attempt: u32,
+        timeout: Duration,
+        owner: &Owner,
+        source: &EnvelopeSource,
+    ) -> Result<Job, String> {
+        let token = &envelope.token;
+        if spec.image.trim().is_empty() {
+            return Err("the isolated tool has no image; set tools[].container.image".into());
+        }
+        if spec.command.is_empty() {
+            return Err(
+                "the isolated tool has no command: the Job runner wraps the tool's command and \
+                 cannot read an image's entrypoint; set tools[].container.command"
+                    .into(),
+            );
+        }
+        let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
+        for var in &spec.env {
+            let name = var.name.as_str();
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "the tool's env has an invalid variable name {name:?}"
+                ));
+            }
+            if RESERVED_ENV.contains(&name) {
+                return Err(format!(
+                    "the tool's env sets {name}, which the runner sets itself; remove it"
+                ));
+            }
+            let entry = match (&var.value, &var.secret) {
+                (Some(v), None) => json!({"name": name, "value": v}),
+                (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
+                    "name": r.name, "key": r.key, "optional": false,
+                }}}),
+                _ => {
+                    return Err(format!(
+                        "the tool's env: {name:?} needs exactly one of value and secret"
+                    ))
+                }
+            };
+            env.retain(|e| e["name"] != name);
+            env.push(entry);
+        }
+        let mut limits = self.defaults.limits.clone();
+        let mut requests = self.defaults.requests.clone();
+        for (k, v) in &spec.limits {
+            limits.insert(k.clone(), v.clone());
+            // Without parsing quantities, the only request surely within
+            // the limit is the limit itself.
+            requests.insert(k.clone(), v.clone());
+        }
+        let deadline = timeout.as_secs_f64().ceil().max(1.0) as i64;
+        let uid = self.defaults.run_as_user;
+        let container_security = json!({
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        });
+        let mut command = vec![
+            WRAPPER_PATH.to_string(),
+            "tool-exec".into(),
+            "--envelope".into(),
+            ENVELOPE_PATH.into(),
+            "--".into(),
+        ];
+        command.extend(spec.command.iter().cloned());
+        let labels = json!({
+            LABEL_CONTINUATION: token_label(token),
+            LABEL_ATTEMPT: attempt.to_string(),
+            LABEL_ROLE: ROLE_TOOL,
+            "app.kubernetes.io/managed-by": "agents",
+        });
+        let (pod_annotations, input_volume) = match source {
+            EnvelopeSource::Annotation(text) => (
+                json!({ ANNOTATION_ENVELOPE: text }),
+                json!({"name": "agents-input", "downwardAPI": {"items": [{
+                    "path": ENVELOPE_FILE,
+                    "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
+                }]}}),
+            ),
+            EnvelopeSource::ConfigMap(name) => (
+                json!({}),
+                json!({"name": "agents-input", "configMap": {"name": name, "items": [{
+                    "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
+                }]}}),
+            ),
+        };
+        let job = json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": job_name(token, attempt),
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": { ANNOTATION_TOKEN: token.as_str() },
+                "ownerReferences": owner.reference(),
+            },
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": deadline,
+                "ttlSecondsAfterFinished": self.defaults.ttl_seconds_after_finished,
+                "template": {
+                    "metadata": {"labels": labels, "annotations": pod_annotations},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "serviceAccountName": self.defaults.service_account,
+                        "automountServiceAccountToken": false,
+                        "enableServiceLinks": false,
+                        "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "runAsUser": uid,
+                            "runAsGroup": uid,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "initContainers": [{
+                            "name": INSTALL_CONTAINER,
+                            "image": self.agents_image,
+                            "imagePullPolicy": self.defaults.agents_image_pull_policy,
+                            "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
+                            "securityContext": container_security,
+                            "resources": {
+                                "requests": {"cpu": "50m", "memory": "32Mi"},
+                                "limits": {"cpu": "500m", "memory": "128Mi"},
+                            },
+                            "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
+                            "terminationMessagePolicy": "File",
+                        }],
+                        "containers": [{
+                            "name": TOOL_CONTAINER,
+                            "image": spec.image,
+                            "imagePullPolicy": self.defaults.tool_image_pull_policy,
+                            "command": command,
+                            "args": spec.args,
+                            "env": env,
+                            "resources": {"limits": limits, "requests": requests},
+                            "securityContext": container_security,
+                            "volumeMounts": [
+                                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
+                                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                            "terminationMessagePath": TERMINATION_LOG,
+                            "terminationMessagePolicy": "File",
+                        }],
+                        "volumes": [
+                            {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
+                            input_volume,
+                            {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
+                        ],
+                    },
+                },
+            },
+        });
+        serde_json::from_value(job).map_err(|e| format!("building the tool's Job: {e}"))
+    }
+
+    /// The owning Continuation, or the status to report without it.
+    async fn owner(&self, token: &ContinuationToken) -> Step<Owner> {
+        let api: Api<Continuation> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.get_opt(token.as_str()).await {
+            Ok(Some(c)) => match c.metadata.uid {
+                Some(uid) => Step::Go(Owner {
+                    name: token.0.clone(),
+                    uid,
+                }),
+                None => Step::Done(RunStatus::InFlight),
+            },
+            Ok(None) => Step::Done(RunStatus::Finished(ToolResult::error(format!(
+                "the call's Continuation {token} does not exist in namespace {}: each tool Job is \
+                 owned by the Continuation of its call",
+                self.namespace
+            )))),
+            Err(e) => Step::Done(api_failure(
+                &format!("reading Continuation {}/{token}", self.namespace),
+                e,
+            )),
+        }
+    }
+
+    /// Creates the attempt's Job, or adopts the one that exists, and
+    /// reports how it stands.
+    pub async fn start_isolated(
+        &self,
+        spec: &IsolationSpec,
+        envelope: &CallEnvelope,
+        attempt: u32,
+        timeout: Duration,
+    ) -> RunStatus {
+        let token = &envelope.token;
+        if let Err(e) = self.check_image(&spec.image) {
+            return RunStatus::Finished(ToolResult::error(e));
+        }
+        let owner = match self.owner(token).await {
+            Step::Go(o) => o,
+            Step::Done(s) => return s,
+        };
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = job_name(token, attempt);
+        match jobs.get_opt(&name).await {
+            Ok(Some(job)) => return self.status_of(&job, token, &owner).await,
+            Ok(None) => {}
+            Err(e) => return api_failure(&format!("reading Job {name}"), e),
+        }
+        let text = serde_json::to_string(envelope).expect("envelopes serialise");
+        let source = if text.len() <= ANNOTATION_ENVELOPE_LIMIT {
+            EnvelopeSource::Annotation(text)
+        } else if text.len() <= CONFIGMAP_ENVELOPE_LIMIT {
+            match self.envelope_configmap(&name, &owner, text).await {
+                Step::Go(s) => s,
+                Step::Done(s) => return s,
+            }
+        } else {
+            return RunStatus::Finished(ToolResult::error(format!(
+                "the call's envelope is {} bytes; an isolated call takes at most {CONFIGMAP_ENVELOPE_LIMIT} \
+                 (the arguments are too large)",
+                text.len()
+            )));
+        };
+        let job = match self.build_job(envelope, spec, attempt, timeout, &owner, &source) {
+            Ok(j) => j,
+            Err(e) => return RunStatus::Finished(ToolResult::error(e)),
+        };
+        match jobs.create(&PostParams::default(), &job).await {
+            Ok(_) => {
+                tracing::info!(job = %name, token = %token, attempt, "tool Job created");
+                RunStatus::InFlight
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => match jobs.get_opt(&name).await {
+                Ok(Some(job)) => self.status_of(&job, token, &owner).await,
+                Ok(None) => RunStatus::InFlight,
+                Err(e) => api_failure(&format!("reading Job {name}"), e),
+            },
+            Err(e) => api_failure(&format!("creating Job {name}"), e),
+        }
+    }
+
+    async fn envelope_configmap(
+        &self,
+        name: &str,
+        owner: &Owner,
+        text: String,
+    ) -> Step<EnvelopeSource> {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {LABEL_ROLE: ROLE_TOOL, "app.kubernetes.io/managed-by": "agents"},
+                "ownerReferences": owner.reference(),
+            },
+            "immutable": true,
+            "data": { ENVELOPE_FILE: text },
+        }))
+        .expect("a valid ConfigMap");
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.create(&PostParams::default(), &cm).await {
+            // Same name, same content: the name is derived from the attempt.
+            Ok(_) => Step::Go(EnvelopeSource::ConfigMap(name.to_string())),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                Step::Go(EnvelopeSource::ConfigMap(name.to_string()))
+            }
+            Err(e) => Step::Done(api_failure(&format!("creating ConfigMap {name}"), e)),
+        }
+    }
+
+    /// The attempt's result if its Job has ended, without creating anything.
+    pub async fn result_of(&self, token: &ContinuationToken, attempt: u32) -> Option<ToolResult> {
+        let owner = match self.owner(token).await {
+            Step::Go(o) => o,
+            Step::Done(RunStatus::Finished(r)) => return Some(r),
+            Step::Done(RunStatus::InFlight) => return None,
+        };
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        match jobs.get_opt(&job_name(token, attempt)).await {
+            Ok(Some(job)) => match self.status_of(&job, token, &owner).await {
+                RunStatus::Finished(r) => Some(r),
+                RunStatus::InFlight => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// How an existing Job stands.
+    async fn status_of(&self, job: &Job, token: &ContinuationToken, owner: &Owner) -> RunStatus {
+        let name = job.metadata.name.clone().unwrap_or_default();
+        let ours = job
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.uid == owner.uid);
+        if !ours {
+            // A Job of an earlier Continuation with the same name (a session
+            // deleted and re-created): the garbage collector removes it;
+            // its deletion event brings the caller back.
+            tracing::warn!(job = %name, "a Job of another Continuation has this name; waiting for its removal");
+            return RunStatus::InFlight;
+        }
+        if let Some(msg) = job
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_FAILURE))
+        {
+            return RunStatus::Finished(ToolResult::error(msg.clone()));
+        }
+        let pods = match self.pods_of(job).await {
+            Ok(p) => p,
+            Err(e) => return api_failure(&format!("listing the pods of Job {name}"), e),
+        };
+        match judge(job, &pods, token, now_seconds(), self.defaults.stuck_grace) {
+            Verdict::Running => RunStatus::InFlight,
+            Verdict::Done(r) => RunStatus::Finished(r),
+            Verdict::ReadLog { pod, pointer } => {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+                let params = LogParams {
+                    container: Some(TOOL_CONTAINER.into()),
+                    ..Default::default()
+                };
+                match api.logs(&pod, &params).await {
+                    Ok(log) => RunStatus::Finished(
+                        unframe(&log, token, &pointer.sha256, pointer.bytes)
+                            .and_then(|json| {
+                                ResultEnvelope::parse_for(&json, token)
+                                    .map_err(|e| format!("the tool's result envelope: {e}"))
+                            })
+                            .unwrap_or_else(ToolResult::error),
+                    ),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        RunStatus::Finished(ToolResult::error(format!(
+                            "the tool's result was in the log of pod {pod}, which is gone: {}",
+                            s.message
+                        )))
+                    }
+                    Err(e) => api_failure(&format!("reading the log of pod {pod}"), e),
+                }
+            }
+            Verdict::Stuck(message) => self.give_up(&name, message).await,
+        }
+    }
+
+    async fn pods_of(&self, job: &Job) -> kube::Result<Vec<Pod>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let selector = match job.metadata.uid.as_deref() {
+            Some(uid) => format!("batch.kubernetes.io/controller-uid={uid}"),
+            None => format!(
+                "batch.kubernetes.io/job-name={}",
+                job.metadata.name.as_deref().unwrap_or_default()
+            ),
+        };
+        Ok(api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// Records why the attempt failed on its Job and ends the Job (a
+    /// deadline of 1 s makes the Job controller stop it), so the answer
+    /// stays the same for every later call. One write.
+    async fn give_up(&self, name: &str, message: String) -> RunStatus {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch = json!({
+            "metadata": {"annotations": {ANNOTATION_FAILURE: message}},
+            "spec": {"activeDeadlineSeconds": 1},
+        });
+        match jobs
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(job = %name, %message, "tool Job given up");
+                RunStatus::Finished(ToolResult::error(message))
+            }
+            Err(e) => api_failure(&format!("recording the failure on Job {name}"), e),
+        }
+    }
+}
+
+fn now_seconds() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+/// What a Job and its pods say.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Running,
+    Done(ToolResult),
+    /// The result is in this pod's log.
+    ReadLog {
+        pod: String,
+        pointer: ResultInLog,
+    },
+    /// A pod waits on something that will not come by itself.
+    Stuck(String),
+}
+
+fn condition<'a>(job: &'a Job, kind: &str) -> Option<(&'a str, &'a str)> {
+    job.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind && c.status == "True")
+        .map(|c| {
+            (
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or(""),
+            )
+        })
+}
+
+fn container<'a>(pod: &'a Pod, name: &str, init: bool) -> Option<&'a ContainerStatus> {
+    let status = pod.status.as_ref()?;
+    let list = if init {
+        status.init_container_statuses.as_ref()
+    } else {
+        status.container_statuses.as_ref()
+    };
+    list?.iter().find(|c| c.name == name)
+}
+
+fn memory_limit(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == TOOL_CONTAINER))
+        .and_then(|c| c.resources.as_ref()?.limits.as_ref()?.get("memory"))
+        .map(|q| q.0.clone())
+        .unwrap_or_else(|| "unset".into())
+}
+
+/// Waiting reasons that end the call: the first set at once (they never
+/// resolve without someone changing the cluster), the second after the
+/// grace (a registry hiccup, a Secret being created).
+const STUCK_AT_ONCE: &[&str] = &["ErrImageNeverPull", "InvalidImageName"];
+const STUCK_AFTER_GRACE: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "RegistryUnavailable",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Reads the state of a Job and its pods (pure; `now` in Unix seconds).
+pub fn judge(
+    job: &Job,
+    pods: &[Pod],
+    token: &ContinuationToken,
+    now: i64,
+    grace: Duration,
+) -> Verdict {
+    let complete =
+        condition(job, "Complete").is_some() || condition(job, "SuccessCriteriaMet").is_some();
+    let failed = condition(job, "Failed").or_else(|| condition(job, "FailureTarget"));
+    // The pod whose tool container ended (there is at most one: backoffLimit 0).
+    let ended = pods.iter().find_map(|p| {
+        let c = container(p, TOOL_CONTAINER, false)?;
+        let t = c.state.as_ref()?.terminated.as_ref()?;
+        Some((p, t))
+    });
+    if complete {
+        let Some((pod, t)) = ended else {
+            return Verdict::Done(ToolResult::error(
+                "the tool's Job completed but its pod is gone, so its result cannot be read \
+                 (was it deleted, or did the Job's ttlSecondsAfterFinished pass?)",
+            ));
+        };
+        return from_terminated(pod, t, token, None);
+    }
+    if let Some((reason, message)) = failed {
+        if reason == "DeadlineExceeded" {
+            let secs = job
+                .spec
+                .as_ref()
+                .and_then(|s| s.active_deadline_seconds)
+                .unwrap_or_default();
+            return Verdict::Done(ToolResult::error(format!(
+                "the tool did not finish within its timeout of {secs} s: the deadline passed and \
+                 its Job was stopped (DeadlineExceeded)"
+            )));
+        }
+        if let Some((pod, t)) = ended {
+            return from_terminated(pod, t, token, Some((reason, message)));
+        }
+        for pod in pods {
+            if let Some(v) = pod_failure(pod) {
+                return Verdict::Done(ToolResult::error(v));
+            }
+        }
+        return Verdict::Done(ToolResult::error(format!(
+            "the tool's pod failed or was deleted before it reported a result (Job failed: \
+             {reason}: {message})"
+        )));
+    }
+    // The tool reported before the Job controller noticed: the result is
+    // final (restartPolicy Never), no need to wait for the Job's condition.
+    if let Some((pod, t)) = ended {
+        if !matches!(
+            read_message(t.message.as_deref().unwrap_or(""), token),
+            Message::Other(_)
+        ) {
+            return from_terminated(pod, t, token, None);
+        }
+    }
+    // Running: is a pod stuck on something that will not come?
+    for pod in pods {
+        let age = pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| now - t.0.as_second())
+            .unwrap_or(0);
+        let statuses = pod
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+            })
+            .collect::<Vec<_>>();
+        for c in statuses {
+            let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+                continue;
+            };
+            let reason = w.reason.as_deref().unwrap_or("");
+            let now_fatal = STUCK_AT_ONCE.contains(&reason);
+            let late = STUCK_AFTER_GRACE.contains(&reason) && age >= grace.as_secs() as i64;
+            if now_fatal || late {
+                let config = reason.starts_with("CreateContainer") || reason == "RunContainerError";
+                let what = match (c.name == TOOL_CONTAINER, config) {
+                    (true, false) => format!("the tool's image {}", c.image),
+                    (true, true) => "the tool's container".to_string(),
+                    (false, false) => format!("the agents (wrapper) image {}", c.image),
+                    (false, true) => "the wrapper's init container".to_string(),
+                };
+                let detail = w.message.as_deref().unwrap_or("");
+                let hint = if config {
+                    "check the Secrets and keys the tool's env names"
+                } else {
+                    "check the image name, and that the node has it or can pull it (imagePullSecrets)"
+                };
+                return Verdict::Stuck(format!(
+                    "the tool's pod could not start: {what}: {reason}: {detail} ({hint})"
+                ));
+            }
+        }
+    }
+    Verdict::Running
+}
+
+/// What a failed pod without a finished tool container says.
+fn pod_failure(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if let Some(t) = container(pod, INSTALL_CONTAINER, true)
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+        .filter(|t| t.exit_code != 0)
+    {
+        return Some(format!(
+            "installing the tool wrapper failed (exit code {}, {}): {}",
+            t.exit_code,
+            t.reason.as_deref().unwrap_or(""),
+            t.message.as_deref().unwrap_or("").trim()
+        ));
+    }
+    if status.reason.as_deref() == Some("Evicted") {
+        return Some(format!(
+            "the tool's pod was evicted: {}",
+            status.message.as_deref().unwrap_or("")
+        ));
+    }
+    let disrupted = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+    if let Some(c) = disrupted {
+        return Some(format!(
+            "the tool's pod was stopped before it reported a result ({}: {})",
+            c.reason.as_deref().unwrap_or(""),
+            c.message.as_deref().unwrap_or("")
+        ));
+    }
+    None
+}
+
+fn from_terminated(
+    pod: &Pod,
+    t: &k8s_openapi::api::core::v1::ContainerStateTerminated,
+    token: &ContinuationToken,
+    job_failed: Option<(&str, &str)>,
+) -> Verdict {
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let message = t.message.as_deref().unwrap_or("");
+    // An evicted or disrupted pod in a failed Job: that is what happened,
+    // whatever the wrapper said when it got SIGTERM.
+    if job_failed.is_some() {
+        if let Some(p) = pod_failure(pod) {
+            return Verdict::Done(ToolResult::error(p));
+        }
+    }
+    match read_message(message, token) {
+        Message::Result(r) => return Verdict::Done(r),
+        Message::InLog(pointer) => {
+            return Verdict::ReadLog {
+                pod: pod_name,
+                pointer,
+            }
+        }
+        Message::Other(_) => {}
+    }
+    let reason = t.reason.as_deref().unwrap_or("");
+    if reason == "OOMKilled" {
+        return Verdict::Done(ToolResult::error(format!(
+            "the tool ran out of memory and was killed (OOMKilled; memory limit {})",
+            memory_limit(pod)
+        )));
+    }
+    let text = message.trim();
+    let mut out = if t.exit_code == 0 {
+        "the tool's wrapper ended without reporting a result".to_string()
+    } else {
+        format!(
+            "the tool's wrapper failed with exit code {}{}",
+            t.exit_code,
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        )
+    };
+    if !text.is_empty() {
+        out.push_str(": ");
+        out.push_str(text);
+    }
+    if let Some((r, m)) = job_failed {
+        if text.is_empty() {
+            out.push_str(&format!(" (Job failed: {r}: {m})"));
+        }
+    }
+    Verdict::Done(ToolResult::error(out))
+}
+
+impl RunnerPort for JobRunner {
+    fn start<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+        timeout: Duration,
+    ) -> BoxFuture<'a, RunStatus> {
+        Box::pin(async move {
+            match kind {
+                RunKind::Isolated(spec) => {
+                    self.start_isolated(spec, envelope, attempt, timeout).await
+                }
+                RunKind::Background => RunStatus::Finished(ToolResult::error(
+                    "the Job runner runs isolated calls only; runAsync calls run in the operator",
+                )),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::envelope::ContextSnapshot;
+    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
+    use crate::core::{AppliedPolicy, CallId, SessionId, ToolCall};
+
+    fn token() -> ContinuationToken {
+        ContinuationToken("demo-t1-c0".into())
+    }
+
+    fn envelope(args: &str) -> CallEnvelope {
+        CallEnvelope::new(
+            token(),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "bash".into(),
+                arguments: args.into(),
+            },
+            ContextSnapshot {
+                session: SessionId("demo".into()),
+                turn: 1,
+                call_id: CallId::new(1, 0),
+                agent: None,
+                idempotency_key: "ns/demo/uid/t1-c0".into(),
+                params: BTreeMap::new(),
+            },
+            AppliedPolicy::default(),
+        )
+    }
+
+    #[test]
+    fn job_names_are_labels_stable_and_distinct() {
+        let t = token();
+        assert_eq!(job_name(&t, 1), job_name(&t, 1));
+        assert_ne!(job_name(&t, 1), job_name(&t, 2));
+        assert!(job_name(&t, 1).starts_with("demo-t1-c0-a1-"));
+        let long = ContinuationToken(format!("{}-t1-c0", "x".repeat(80)));
+        let other = ContinuationToken(format!("{}-t1-c1", "x".repeat(80)));
+        for t in [&long, &other] {
+            let n = job_name(t, 12);
+            assert!(n.len() <= 63, "{n}");
+            assert!(n
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+        }
+        assert_ne!(job_name(&long, 1), job_name(&other, 1));
+        assert_eq!(token_label(&t), "demo-t1-c0");
+        assert!(token_label(&ContinuationToken("Bad/Token".into())).starts_with("h-"));
+    }
+
+    #[test]
+    fn frames_round_trip_and_damage_is_caught() {
+        let t = token();
+        let json = format!("{{\"x\":\"{}é\"}}", "a".repeat(10_000));
+        let block = frame(&t, &json);
+        assert!(block.lines().all(|l| l.len() <= FRAME_LINE_BYTES + 100));
+        let sha = sha256_hex(json.as_bytes());
+        let log = format!("some stderr\nno newline at the end{block}more\n");
+        assert_eq!(unframe(&log, &t, &sha, json.len()).unwrap(), json);
+        let damaged = log.replacen("aaaa", "aaab", 1);
+        let e = unframe(&damaged, &t, &sha, json.len()).unwrap_err();
+        assert!(e.contains("damaged"), "{e}");
+        let e = unframe("nothing", &t, &sha, json.len()).unwrap_err();
+        assert!(e.contains("not in the tool's log"), "{e}");
+        // Another call's block is not ours.
+        let other = ContinuationToken("demo-t1-c1".into());
+        assert!(unframe(&log, &other, &sha, json.len()).is_err());
+    }
+
+    #[test]
+    fn small_results_go_in_the_message_large_ones_in_the_log() {
+        let t = token();
+        let (msg, block) = report(&t, &ToolResult::text("hi"));
+        assert!(block.is_none());
+        assert_eq!(
+            read_message(&msg, &t),
+            Message::Result(ToolResult::text("hi"))
+        );
+        let big = ToolResult::text("z".repeat(20_000));
+        let (msg, block) = report(&t, &big);
+        assert!(msg.len() < 200, "{msg}");
+        let Message::InLog(p) = read_message(&msg, &t) else {
+            panic!("{msg}")
+        };
+        let json = unframe(&block.unwrap(), &t, &p.sha256, p.bytes).unwrap();
+        assert_eq!(ResultEnvelope::parse_for(&json, &t).unwrap(), big);
+        // A message for another token is an error result, not a success.
+        let other = ContinuationToken("other-t1-c0".into());
+        let (msg, _) = report(&other, &ToolResult::text("hi"));
+        assert!(
+            matches!(read_message(&msg, &t), Message::Result(ToolResult::Error { message }) if message.contains("token"))
+        );
+        assert_eq!(
+            read_message("cannot read the envelope", &t),
+            Message::Other("cannot read the envelope".into())
+        );
+    }
+
+    async fn runner() -> JobRunner {
+        // Building a Job needs no server; a client pointing nowhere will do.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        JobRunner::new(
+            Client::try_from(config).unwrap(),
+            "ns",
+            "agents.local/agents:test",
+            JobDefaults::default(),
+        )
+    }
+
+    fn owner() -> Owner {
+        Owner {
+            name: "demo-t1-c0".into(),
+            uid: "u-1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_job_is_hardened_and_carries_no_arguments() {
+        let r = runner().await;
+        let args = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
+        let env = envelope(args);
+        let spec = IsolationSpec {
+            image: "busybox:ci".into(),
+            command: vec!["sh".into(), "-c".into()],
+            args: vec!["cat".into()],
+            limits: [("memory".to_string(), "64Mi".to_string())].into(),
+            env: vec![
+                EnvVarSpec {
+                    name: "MODE".into(),
+                    value: Some("fast".into()),
+                    ..Default::default()
+                },
+                EnvVarSpec {
+                    name: "TOKEN".into(),
+                    secret: Some(SecretKeyRef {
+                        name: "gh".into(),
+                        key: "token".into(),
+                    }),
+                    ..Default::default()
+                },
+            ],
+        };
+        let text = serde_json::to_string(&env).unwrap();
+        let job = r
+            .build_job(
+                &env,
+                &spec,
+                2,
+                Duration::from_millis(30_500),
+                &owner(),
+                &EnvelopeSource::Annotation(text.clone()),
+            )
+            .unwrap();
+        let v = serde_json::to_value(&job).unwrap();
+        assert_eq!(v["metadata"]["name"], job_name(&token(), 2));
+        assert_eq!(v["metadata"]["labels"][LABEL_CONTINUATION], "demo-t1-c0");
+        assert_eq!(v["metadata"]["labels"][LABEL_ATTEMPT], "2");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(v["spec"]["backoffLimit"], 0);
+        assert_eq!(v["spec"]["activeDeadlineSeconds"], 31);
+        assert_eq!(v["spec"]["ttlSecondsAfterFinished"], 3600);
+        let pod = &v["spec"]["template"];
+        assert_eq!(pod["metadata"]["annotations"][ANNOTATION_ENVELOPE], text);
+        let ps = &pod["spec"];
+        assert_eq!(ps["automountServiceAccountToken"], false);
+        assert_eq!(ps["enableServiceLinks"], false);
+        assert_eq!(ps["restartPolicy"], "Never");
+        assert_eq!(ps["securityContext"]["runAsNonRoot"], true);
+        let tool = &ps["containers"][0];
+        assert_eq!(tool["name"], TOOL_CONTAINER);
+        assert_eq!(
+            tool["command"],
+            json!([
+                WRAPPER_PATH,
+                "tool-exec",
+                "--envelope",
+                ENVELOPE_PATH,
+                "--",
+                "sh",
+                "-c"
+            ])
+        );
+        assert_eq!(tool["args"], json!(["cat"]));
+        for c in [tool, &ps["initContainers"][0]] {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false);
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+            assert!(c["resources"]["limits"]["memory"].is_string());
+        }
+        assert_eq!(tool["resources"]["limits"]["memory"], "64Mi");
+        assert_eq!(tool["resources"]["requests"]["memory"], "64Mi");
+        assert_eq!(tool["resources"]["limits"]["cpu"], "500m");
+        assert_eq!(
+            tool["env"],
+            json!([
+                {"name": "HOME", "value": "/tmp"},
+                {"name": "MODE", "value": "fast"},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "token", "optional": false}}},
+            ])
+        );
+        // The arguments are only in the annotation, never in the spec.
+        let spec_text = serde_json::to_string(ps).unwrap();
+        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
+        // Reserved names and missing commands are refused.
+        let mut bad = spec.clone();
+        bad.env.push(EnvVarSpec {
+            name: "AGENTS_TOKEN".into(),
+            value: Some("x".into()),
+            ..Default::default()
+        });
+        let e = r
+            .build_job(
+                &env,
+                &bad,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::Annotation(text.clone()),
+            )
+            .unwrap_err();
+        assert!(e.contains("AGENTS_TOKEN"), "{e}");
+        let no_cmd = IsolationSpec {
+            command: vec![],
+            ..spec.clone()
+        };
+        let e = r
+            .build_job(
+                &env,
+                &no_cmd,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::Annotation(text),
+            )
+            .unwrap_err();
+        assert!(e.contains("command"), "{e}");
+        // Large envelopes come from a ConfigMap.
+        let job = r
+            .build_job(
+                &env,
+                &spec,
+                1,
+                Duration::from_secs(1),
+                &owner(),
+                &EnvelopeSource::ConfigMap("cm".into()),
+            )
+            .unwrap();
+        let v = serde_json::to_value(&job).unwrap();
+        assert_eq!(
+            v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"],
+            "cm"
+        );
+        assert!(v["spec"]["template"]["metadata"]["annotations"]
+            .get(ANNOTATION_ENVELOPE)
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn only_allowed_images_run() {
+        let r = runner().await;
+        assert!(r.check_image("anything:1").is_ok(), "no list: any image");
+        let r = JobRunner::new(
+            r.client.clone(),
+            "ns",
+            "agents:1",
+            JobDefaults {
+                allowed_images: Some(vec!["agents.local/*".into(), "ghcr.io/acme/tool:v?".into()]),
+                ..JobDefaults::default()
+            },
+        );
+        assert!(r.check_image("agents.local/busybox:ci").is_ok());
+        assert!(r.check_image("ghcr.io/acme/tool:v1").is_ok());
+        let e = r.check_image("docker.io/library/alpine:3").unwrap_err();
+        assert!(
+            e.contains("not allowed") && e.contains("agents.local/*"),
+            "{e}"
+        );
+        assert_eq!(r.with_namespace("other").namespace(), "other");
+    }
+
+    fn job_with(conditions: serde_json::Value) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": "j"},
+            "spec": {"activeDeadlineSeconds": 7, "template": {}},
+            "status": {"conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn pod_with(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "tool", "resources": {"limits": {"memory": "32Mi"}}}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn t0() -> i64 {
+        "2026-01-01T00:00:00Z"
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .unwrap()
+            .as_second()
+    }
+
+    fn terminated(reason: &str, code: i32, message: &str) -> serde_json::Value {
+        json!({"containerStatuses": [{"name": "tool", "image": "img", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}]})
+    }
+
+    #[test]
+    fn every_ending_is_judged() {
+        let t = token();
+        let g = Duration::from_secs(30);
+        let cond = |ty: &str, reason: &str| json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}]);
+        let (msg, _) = report(&t, &ToolResult::text("ok"));
+        let done = job_with(cond("Complete", ""));
+        let ok_pod = pod_with(terminated("Completed", 0, &msg));
+        assert_eq!(
+            judge(&done, std::slice::from_ref(&ok_pod), &t, t0(), g),
+            Verdict::Done(ToolResult::text("ok"))
+        );
+        // Reported before the Job controller marked the Job complete.
+        let running = job_with(json!([]));
+        assert_eq!(
+            judge(&running, &[ok_pod], &t, t0(), g),
+            Verdict::Done(ToolResult::text("ok"))
+        );
+        let wrapper_failed = pod_with(terminated("Error", 64, "cannot read"));
+        assert_eq!(
+            judge(&running, &[wrapper_failed], &t, t0(), g),
+            Verdict::Running,
+            "without a result, wait for the Job's verdict"
+        );
+        let v = judge(&done, &[], &t, t0(), g);
+        assert!(
+            matches!(v, Verdict::Done(ToolResult::Error { message }) if message.contains("pod is gone"))
+        );
+        let deadline = job_with(cond("Failed", "DeadlineExceeded"));
+        let v = judge(&deadline, &[], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("timeout of 7 s") && message.contains("deadline")),
+            "{v:?}"
+        );
+        let failed = job_with(cond("Failed", "BackoffLimitExceeded"));
+        let oom = pod_with(terminated("OOMKilled", 137, ""));
+        let v = judge(&failed, &[oom], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("out of memory") && message.contains("32Mi")),
+            "{v:?}"
+        );
+        let wrapper = pod_with(terminated(
+            "Error",
+            64,
+            "agents tool-exec: cannot read the envelope",
+        ));
+        let v = judge(&failed, &[wrapper], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("exit code 64") && message.contains("cannot read the envelope")),
+            "{v:?}"
+        );
+        let v = judge(&failed, &[], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("deleted")),
+            "{v:?}"
+        );
+        let evicted =
+            pod_with(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
+        let v = judge(&failed, &[evicted], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: low on memory")),
+            "{v:?}"
+        );
+        let (sigterm, _) = report(&t, &ToolResult::error("the tool was stopped by SIGTERM"));
+        let mut evicted_after_report = pod_with(terminated("Completed", 0, &sigterm));
+        let status = evicted_after_report.status.as_mut().unwrap();
+        status.reason = Some("Evicted".into());
+        status.message = Some("disk pressure".into());
+        let v = judge(&failed, &[evicted_after_report], &t, t0(), g);
+        assert!(
+            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: disk pressure")),
+            "{v:?}"
+        );
+        // Waiting pods: fatal reasons at once, others after the grace.
+        let running = job_with(json!([]));
+        let waiting = |reason: &str| {
+            pod_with(
+                json!({"containerStatuses": [{"name": "tool", "image": "nope:1", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": "details"}}}]}),
+            )
+        };
+        assert!(matches!(
+            judge(&running, &[waiting("ErrImageNeverPull")], &t, t0() + 1, g),
+            Verdict::Stuck(m) if m.contains("nope:1") && m.contains("ErrImageNeverPull")
+        ));
+        assert_eq!(
+            judge(&running, &[waiting("ImagePullBackOff")], &t, t0() + 5, g),
+            Verdict::Running
+        );
+        assert!(matches!(
+            judge(&running, &[waiting("ImagePullBackOff")], &t, t0() + 31, g),
+            Verdict::Stuck(_)
+        ));
+        assert_eq!(
+            judge(&running, &[waiting("ContainerCreating")], &t, t0() + 999, g),
+            Verdict::Running
+        );
+    }
+}
