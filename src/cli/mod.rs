@@ -52,6 +52,30 @@ pub struct OperatorArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, short = 'n', env = "AGENTS_NAMESPACE")]
     pub namespace: Option<String>,
+    /// The agents image (this binary), for the init container that brings
+    /// the wrapper into tool Jobs. Without it, `runIsolated` calls wait for
+    /// an outside worker (`agents session run-isolated --store kube`).
+    #[arg(long, env = "AGENTS_IMAGE")]
+    pub agents_image: Option<String>,
+    /// Image patterns (globs) a tool may run; repeat or comma-separate.
+    /// Default: any image.
+    #[arg(long, env = "AGENTS_ALLOWED_TOOL_IMAGES", value_delimiter = ',')]
+    pub allowed_tool_images: Vec<String>,
+    /// Service account of tool pods (give one without permissions; its
+    /// token is never mounted).
+    #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]
+    pub tool_service_account: String,
+    /// Default CPU and memory limits of tool containers.
+    #[arg(long, env = "AGENTS_TOOL_CPU_LIMIT", default_value = "500m")]
+    pub tool_cpu_limit: String,
+    #[arg(long, env = "AGENTS_TOOL_MEMORY_LIMIT", default_value = "256Mi")]
+    pub tool_memory_limit: String,
+    /// Hold a Lease and reconcile only while leading (for replicas > 1).
+    #[arg(long, env = "AGENTS_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Serve /metrics, /healthz and /readyz on this address.
+    #[arg(long, env = "AGENTS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: String,
 }
 
 #[derive(Args, Debug, Clone)]

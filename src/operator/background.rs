@@ -146,6 +146,9 @@ pub struct SessionRunner {
     pub session: ObjectRef<Session>,
     pub uid: String,
     pub tools: Arc<Toolbox>,
+    /// Isolated calls as Jobs, in the session's namespace (none: they wait
+    /// for an outside worker).
+    pub jobs: Option<crate::runner::job::JobRunner>,
 }
 
 impl RunnerPort for SessionRunner {
@@ -156,19 +159,34 @@ impl RunnerPort for SessionRunner {
         attempt: u32,
         timeout: Duration,
     ) -> BoxFuture<'a, RunStatus> {
-        let status = match kind {
-            RunKind::Background => self.background.start(
-                &self.session,
-                &self.uid,
-                &self.tools,
-                envelope,
-                attempt,
-                timeout,
-            ),
-            // The operator's roles exclude isolated runs; should one come,
-            // it stays with whoever claims it.
-            RunKind::Isolated(_) => RunStatus::InFlight,
-        };
-        Box::pin(async move { status })
+        match kind {
+            RunKind::Background => {
+                let status = self.background.start(
+                    &self.session,
+                    &self.uid,
+                    &self.tools,
+                    envelope,
+                    attempt,
+                    timeout,
+                );
+                Box::pin(async move { status })
+            }
+            RunKind::Isolated(spec) => match &self.jobs {
+                Some(jobs) => jobs.start(kind, envelope, attempt, timeout),
+                // Without a Job runner the roles exclude isolated runs;
+                // should one come, it stays with whoever claims it.
+                None => {
+                    let _ = spec;
+                    Box::pin(async { RunStatus::InFlight })
+                }
+            },
+        }
+    }
+
+    fn label(&self, kind: RunKind<'_>) -> &'static str {
+        match kind {
+            RunKind::Background => "runAsync",
+            RunKind::Isolated(_) => "job",
+        }
     }
 }

@@ -66,6 +66,16 @@ const INVALID_RECHECK: Duration = Duration::from_secs(300);
 pub struct Options {
     /// Watch only this namespace (all when `None`).
     pub namespace: Option<String>,
+    /// The agents image, for the init container that brings the wrapper
+    /// into tool Jobs. Without it isolated calls wait for an outside
+    /// worker (`agents session run-isolated --store kube`).
+    pub agents_image: Option<String>,
+    /// How tool Jobs are built (limits, service account, allowed images).
+    pub job_defaults: crate::runner::job::JobDefaults,
+    /// Reconcile only while holding the Lease (replicas > 1).
+    pub leader_elect: bool,
+    /// Where /metrics, /healthz and /readyz are served.
+    pub metrics_addr: String,
 }
 
 /// What every reconcile shares.
@@ -75,6 +85,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub background: Arc<Background>,
     pub cache: Arc<MemoryCache>,
+    /// The Job runner for isolated calls (per namespace via `with_namespace`).
+    pub jobs: Option<crate::runner::job::JobRunner>,
     /// Failed reconciles in a row, per session, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// Waits already announced as Events (session UID, token, what it waits
@@ -164,6 +176,14 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
         ),
         background: background.clone(),
         cache: Arc::new(MemoryCache::default()),
+        jobs: opts.agents_image.as_ref().map(|image| {
+            crate::runner::job::JobRunner::new(
+                client.clone(),
+                ns.unwrap_or("default"),
+                image,
+                opts.job_defaults.clone(),
+            )
+        }),
         failures: Mutex::new(HashMap::new()),
         announced: Mutex::new(HashSet::new()),
     });
@@ -181,6 +201,18 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
             api::<Agent>(&client, ns),
             watcher::Config::default(),
             move |agent: Agent| sessions_using(&by_agent, &agent),
+        )
+        // A tool Job or its pod changing (done, failed, stuck on its
+        // image) steps its session: the result is read at once.
+        .watches(
+            api::<k8s_openapi::api::batch::v1::Job>(&client, ns),
+            watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR),
+            |job| session_of_tool(&job),
+        )
+        .watches(
+            api::<k8s_openapi::api::core::v1::Pod>(&client, ns),
+            watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR),
+            |pod| session_of_tool(&pod),
         )
         .reconcile_on(wakes)
         .with_config(controller::Config::default())
@@ -203,6 +235,16 @@ async fn sweep_loop(background: Arc<Background>, sessions: Store<Session>) {
         tick.tick().await;
         background.sweep(&sessions);
     }
+}
+
+/// The session a tool Job or pod runs for (its annotation).
+fn session_of_tool<K: Resource<DynamicType = ()>>(obj: &K) -> Option<ObjectRef<Session>> {
+    let meta = obj.meta();
+    let session = meta
+        .annotations
+        .as_ref()?
+        .get(crate::runner::job::ANNOTATION_SESSION)?;
+    Some(ObjectRef::new(session).within(meta.namespace.as_deref()?))
 }
 
 /// The sessions that refer to `agent` by name.
@@ -453,6 +495,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         session: ObjectRef::from_obj(session.as_ref()),
         uid: uid.clone(),
         tools: resolved.tools.clone(),
+        jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
     };
     let clock = SystemClock;
     let ports = Ports {
@@ -468,7 +511,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
     let roles = Roles {
         model: true,
         background: true,
-        isolated: false,
+        isolated: ctx.jobs.is_some(),
     };
     let report = engine::step(&ports, &id, &resolved.runtime, &ctx.holder, roles).await?;
     let settled = store.settle(&id, &report.state).await?;

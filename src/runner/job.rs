@@ -72,6 +72,9 @@ pub const ROLE_TOOL: &str = "tool";
 pub const TOOL_JOB_SELECTOR: &str = "agents-exe.io/role=tool";
 /// Annotation on Jobs: the full token (labels are limited to 63 characters).
 pub const ANNOTATION_TOKEN: &str = "agents-exe.io/token";
+/// The session a tool Job (and its pod) runs for: the operator maps Job and
+/// pod events back to it (an annotation: names may exceed a label's 63).
+pub const ANNOTATION_SESSION: &str = "agents-exe.io/session";
 /// Pod annotation holding the call envelope (read through the downward API).
 pub const ANNOTATION_ENVELOPE: &str = "agents-exe.io/envelope";
 /// Annotation on a Job the runner gave up on (stuck pod): the error result.
@@ -563,16 +566,17 @@ impl JobRunner {
             LABEL_ROLE: ROLE_TOOL,
             "app.kubernetes.io/managed-by": "agents",
         });
+        let session = envelope.context.session.0.as_str();
         let (pod_annotations, input_volume) = match source {
             EnvelopeSource::Annotation(text) => (
-                json!({ ANNOTATION_ENVELOPE: text }),
+                json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
                 json!({"name": "agents-input", "downwardAPI": {"items": [{
                     "path": ENVELOPE_FILE,
                     "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
                 }]}}),
             ),
             EnvelopeSource::ConfigMap(name) => (
-                json!({}),
+                json!({ ANNOTATION_SESSION: session }),
                 json!({"name": "agents-input", "configMap": {"name": name, "items": [{
                     "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
                 }]}}),
@@ -585,7 +589,7 @@ impl JobRunner {
                 "name": job_name(token, attempt),
                 "namespace": self.namespace,
                 "labels": labels,
-                "annotations": { ANNOTATION_TOKEN: token.as_str() },
+                "annotations": { ANNOTATION_TOKEN: token.as_str(), ANNOTATION_SESSION: session },
                 "ownerReferences": owner.reference(),
             },
             "spec": {

@@ -1,0 +1,170 @@
+//! `runIsolated` calls under the operator: each attempt is one hardened Job
+//! (wrapper from the agents image, the tool's own image); the result comes
+//! back through the kubelet and wakes the session by watch. The operator is
+//! SIGKILLed while the Job runs and restarted: one Job, one run, the
+//! session succeeds. Retries of a failing tool are the policy's, each
+//! attempt its own Job.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+use support::{kubectl, kubectl_ok, TestNamespace, BUSYBOX_IMAGE};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+
+fn agents_image() -> Option<String> {
+    if let Ok(r) = std::env::var("AGENTS_TEST_AGENTS_IMAGE") {
+        if !r.is_empty() {
+            return Some(r);
+        }
+    }
+    let file = PathBuf::from(support::BINARY_CACHE).join("images/agents-image.ref");
+    match std::fs::read_to_string(&file) {
+        Ok(r) if !r.trim().is_empty() => Some(r.trim().to_string()),
+        _ => {
+            let why = "no agents image: run tests/cluster/agents-image (make agents-image)";
+            if support::cluster_required() {
+                panic!("{why}");
+            }
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+struct Operator(Child);
+
+impl Operator {
+    fn start(ns: &str, kubeconfig: &Path, image: &str, tag: &str) -> Operator {
+        let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{tag}.log"));
+        Operator(
+            Command::new(BIN)
+                .args(["operator", "-n", ns, "--agents-image", image])
+                .args(["--metrics-addr", "127.0.0.1:0"])
+                .env("KUBECONFIG", kubeconfig)
+                .env("RUST_LOG", "info,kube=warn")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    }
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn manifests() -> String {
+    format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: iso}}
+spec:
+  messages: ["count the lines"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: slow_count, arguments: {{lines: 3}}}}
+              - {{name: flaky, arguments: {{}}}}
+          - text: done counting
+    tools:
+      - name: slow_count
+        container:
+          image: {BUSYBOX_IMAGE}
+          command: ["/bin/sh", "-c", "sleep 6; echo counted 3 lines"]
+      - name: flaky
+        container:
+          image: {BUSYBOX_IMAGE}
+          command: ["/bin/sh", "-c", "echo flaky failure >&2; exit 4"]
+    policy:
+      default: runIsolated
+      rules:
+        - {{tool: flaky, disposition: runIsolated, retries: 1}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let Some(image) = agents_image() else { return };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "iso").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let mut op = Operator::start(&ns.name, &kubeconfig, &image, "1");
+    let file = std::env::temp_dir().join(format!("agents-iso-{}.yaml", ns.name));
+    std::fs::write(&file, manifests()).unwrap();
+    let started = Instant::now();
+    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    // Wait for the slow tool's Job to exist, then kill the operator under it.
+    let mut seen_job = false;
+    for _ in 0..60 {
+        let jobs = kubectl_ok(["get", "jobs", "-n", &ns.name, "-o", "name"]);
+        if jobs.contains("iso-t1-c0") {
+            seen_job = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(seen_job, "a Job for iso-t1-c0 appeared");
+    op.kill();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _op = Operator::start(&ns.name, &kubeconfig, &image, "2");
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "session/iso",
+        "--timeout=180s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        kubectl_ok(["get", "session", "iso", "-n", &ns.name, "-o", "yaml"])
+    );
+    eprintln!("isolated session succeeded in {:?}", started.elapsed());
+    // One Job for the slow call across the crash; two for the flaky one
+    // (its retry is the policy's, a new attempt).
+    let jobs = kubectl_ok(["get", "jobs", "-n", &ns.name, "-o", "json"]);
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+    let by_token = |t: &str| {
+        jobs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["metadata"]["labels"]["agents-exe.io/continuation"] == t)
+            .count()
+    };
+    assert_eq!(by_token("iso-t1-c0"), 1, "one Job across the crash");
+    assert_eq!(by_token("iso-t1-c1"), 2, "a failed attempt and its retry");
+    let status = kubectl_ok(["get", "session", "iso", "-n", &ns.name, "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let results = status["status"]["turns"][2]["toolResults"].clone();
+    assert_eq!(
+        results[0]["result"]["response"]["content"], "counted 3 lines",
+        "{results}"
+    );
+    let err = results[1]["result"]["message"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("exit status 4") && err.contains("flaky failure"),
+        "the model hears why the tool failed: {err}"
+    );
+    assert_eq!(results[1]["result"]["status"], "error", "{results}");
+}
