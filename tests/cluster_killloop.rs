@@ -1,0 +1,256 @@
+//! The operator SIGKILLed at 20 random moments while it runs 20 sessions:
+//! every session succeeds, no call gets a second continuation, and every
+//! side effect carries its stable idempotency key, so the tool server sees
+//! each call's effect once (a call cut off by a kill may be sent again under
+//! the same key, which the tool recognises; never under another). Also
+//! counts the API writes of a run from the API server's own metrics.
+//!
+//! Replay a failing run with the printed AGENTS_TEST_SEED.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{kubectl, kubectl_ok, TestNamespace};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+const SESSIONS: usize = 20;
+const KILLS: usize = 20;
+
+fn operator(ns: &str, kubeconfig: &Path, n: usize) -> Child {
+    let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{n}.log"));
+    Command::new(BIN)
+        .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Counts requests per Idempotency-Key; answers after a short delay so
+/// kills land while tools run.
+fn tool_server() -> (u16, Arc<Mutex<HashMap<String, u32>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let keys = Arc::new(Mutex::new(HashMap::new()));
+    let seen = keys.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let (mut len, mut key) = (0, String::new());
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    if lower.starts_with("idempotency-key:") {
+                        key = line["idempotency-key:".len()..].trim().to_string();
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let mut buf = vec![0; len];
+                let _ = reader.read_exact(&mut buf);
+                *seen.lock().unwrap().entry(key).or_insert(0) += 1;
+                std::thread::sleep(Duration::from_millis(150));
+                let body = r#"{"done":true}"#;
+                let _ = write!(
+                    reader.into_inner(),
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    (port, keys)
+}
+
+fn manifests(port: u16) -> String {
+    let mut out = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: worker}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: now, arguments: {{step: 1}}}}
+            - {{name: later, arguments: {{step: 2}}}}
+        - toolCalls:
+            - {{name: now, arguments: {{step: 3}}}}
+        - text: finished
+  tools:
+    - {{name: now, http: {{url: "http://127.0.0.1:{port}/now"}}}}
+    - {{name: later, http: {{url: "http://127.0.0.1:{port}/later"}}}}
+  policy:
+    default: runSync
+    rules:
+      - {{tool: later, disposition: runAsync}}
+"#
+    );
+    for i in 0..SESSIONS {
+        out.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}}}\nspec:\n  agentRef: {{name: worker}}\n  messages: [\"work {i}\"]\n"
+        ));
+    }
+    out
+}
+
+/// `apiserver_request_total` summed by (verb, resource) for our kinds.
+fn api_writes() -> BTreeMap<(String, String), u64> {
+    let metrics = kubectl_ok(["get", "--raw", "/metrics"]);
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let get = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let (verb, resource) = (get("verb"), get("resource"));
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
+            continue;
+        }
+        if !matches!(
+            resource.as_str(),
+            "sessions" | "continuations" | "configmaps" | "jobs"
+        ) {
+            continue;
+        }
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        *out.entry((verb, resource)).or_insert(0) += n as u64;
+    }
+    out
+}
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let seed = std::env::var("AGENTS_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("AGENTS_TEST_SEED={seed}");
+    let mut rng = Rng(seed);
+    let ns = TestNamespace::create(&client, "killloop").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let (port, keys) = tool_server();
+    let file = std::env::temp_dir().join(format!("agents-kill-{}.yaml", ns.name));
+    std::fs::write(&file, manifests(port)).unwrap();
+    let writes_before = api_writes();
+    let started = Instant::now();
+    let mut op = operator(&ns.name, &kubeconfig, 0);
+    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    for k in 0..KILLS {
+        std::thread::sleep(Duration::from_millis(rng.below(600)));
+        let _ = op.kill(); // SIGKILL, by PID
+        let _ = op.wait();
+        op = operator(&ns.name, &kubeconfig, k + 1);
+    }
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "sessions",
+        "--all",
+        "--timeout=240s",
+    ]);
+    let elapsed = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        kubectl_ok(["get", "sessions", "-n", &ns.name])
+    );
+    let _ = op.kill();
+    let _ = op.wait();
+    let writes_after = api_writes();
+
+    // Each session: one continuation (its runAsync call), never two.
+    let conts = kubectl_ok(["get", "continuations", "-n", &ns.name, "-o", "json"]);
+    let conts: serde_json::Value = serde_json::from_str(&conts).unwrap();
+    let mut per_session: BTreeMap<String, usize> = BTreeMap::new();
+    for c in conts["items"].as_array().unwrap() {
+        *per_session
+            .entry(c["spec"]["session"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_session.len(), SESSIONS, "{per_session:?}");
+    assert!(per_session.values().all(|n| *n == 1), "{per_session:?}");
+
+    // Every call's effect arrived under its own stable key: 3 calls per
+    // session, 60 distinct keys, each naming its session and call.
+    let keys = keys.lock().unwrap().clone();
+    let sent: u32 = keys.values().sum();
+    let repeated: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "{SESSIONS} sessions, {KILLS} kills, done in {elapsed:?}: {} distinct keys, {sent} requests ({} keys sent again after a kill cut their call: {repeated:?})",
+        keys.len(),
+        repeated.len()
+    );
+    assert_eq!(keys.len(), SESSIONS * 3, "{keys:?}");
+    for i in 0..SESSIONS {
+        for call in ["t1-c0", "t1-c1", "t2-c0"] {
+            assert!(
+                keys.keys()
+                    .any(|k| k.contains(&format!("/s{i}/")) && k.ends_with(call)),
+                "s{i} {call} ran: {keys:?}"
+            );
+        }
+    }
+    let delta: BTreeMap<_, _> = writes_after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - writes_before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let total: u64 = delta.values().sum();
+    eprintln!(
+        "API writes for {SESSIONS} sessions x 3 calls under {KILLS} kills: {total} ({:.1} per call): {delta:?}",
+        total as f64 / (SESSIONS * 3) as f64
+    );
+}
