@@ -370,10 +370,18 @@ async fn prepare(
         system_prompt: agent.system_prompt.clone(),
         tools: agent.toolbox.schemas(),
     };
+    // Header secrets of http tools come from Secrets in the session's
+    // namespace, never from the operator's own environment.
+    let mut secrets = std::collections::BTreeMap::new();
+    for r in agent.toolbox.secret_refs() {
+        let value = read_secret(ctx, ns, &r.name, &r.key).await?;
+        secrets.insert(r.env_name(), value);
+    }
+    let toolbox = agent.toolbox.with_secrets(secrets);
     Ok(Resolved {
         runtime,
         model,
-        tools: Arc::new(agent.toolbox),
+        tools: Arc::new(toolbox),
         agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
     })
 }

@@ -73,6 +73,10 @@ pub enum ToolError {
 pub struct Toolbox {
     tools: BTreeMap<String, ToolDef>,
     http: Option<reqwest::Client>,
+    /// Secret values the driver resolved (the operator reads them from
+    /// Secrets in the session's namespace), by `AGENTS_SECRET_*` name. When
+    /// set, the process environment is never consulted.
+    secrets: Option<std::sync::Arc<BTreeMap<String, String>>>,
 }
 
 impl Toolbox {
@@ -105,7 +109,32 @@ impl Toolbox {
             }
             tools.insert(def.name.clone(), def);
         }
-        Ok(Toolbox { tools, http: None })
+        Ok(Toolbox {
+            tools,
+            http: None,
+            secrets: None,
+        })
+    }
+
+    /// Serves header secrets from `resolved` (keyed by
+    /// [`crate::core::policy::SecretKeyRef::env_name`]) instead of the
+    /// process environment.
+    pub fn with_secrets(mut self, resolved: BTreeMap<String, String>) -> Self {
+        self.secrets = Some(std::sync::Arc::new(resolved));
+        self
+    }
+
+    /// The Secret keys the tools' headers name.
+    pub fn secret_refs(&self) -> Vec<crate::core::policy::SecretKeyRef> {
+        self.tools
+            .values()
+            .filter_map(|d| match &d.kind {
+                ToolKind::Http { headers, .. } => Some(headers),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|h| h.secret.clone())
+            .collect()
     }
 
     pub fn get(&self, name: &str) -> Option<&ToolDef> {
@@ -148,10 +177,12 @@ impl Toolbox {
             match &def.kind {
                 ToolKind::Builtin { function } => builtin(function, &args).await,
                 ToolKind::Http { url, headers } => {
-                    self.http_call(url, headers, &args, idempotency_key, &|k| {
-                        std::env::var(k).ok()
-                    })
-                    .await
+                    let lookup = |k: &str| match &self.secrets {
+                        Some(resolved) => resolved.get(k).cloned(),
+                        None => std::env::var(k).ok(),
+                    };
+                    self.http_call(url, headers, &args, idempotency_key, &lookup)
+                        .await
                 }
                 ToolKind::Container => ToolResult::error(format!(
                     "tool {:?} is a container tool; it runs only isolated",

@@ -1,0 +1,131 @@
+//! A tool's secrets in a cluster: an `http` tool's header `valueFrom` a
+//! Secret is read from that Secret in the session's namespace, never from
+//! the operator's own environment, and never written to the Session.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use support::{kubectl, kubectl_ok, TestNamespace};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+
+/// Records the `X-Api-Token` header of each request.
+fn tool_server() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let mut reader = BufReader::new(stream);
+            let (mut len, mut token) = (0, String::new());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                if lower.starts_with("x-api-token:") {
+                    token = line["x-api-token:".len()..].trim().to_string();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut buf = vec![0; len];
+            let _ = reader.read_exact(&mut buf);
+            record.lock().unwrap().push(token);
+            let body = r#"{"ok":true}"#;
+            let _ = write!(
+                reader.into_inner(),
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_tool_headers_come_from_the_sessions_secret_not_the_operator_env() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "secrets").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let (port, seen) = tool_server();
+    kubectl_ok([
+        "create",
+        "secret",
+        "generic",
+        "weather",
+        "-n",
+        &ns.name,
+        "--from-literal=token=from-the-secret-7f3a",
+    ]);
+    let yaml = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: sec}}
+spec:
+  messages: ["weather?"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: weather, arguments: {{city: Oslo}}}}]
+          - text: sunny
+    tools:
+      - name: weather
+        http:
+          url: "http://127.0.0.1:{port}/weather"
+          headers:
+            - name: X-Api-Token
+              valueFrom: {{secretKeyRef: {{name: weather, key: token}}}}
+"#
+    );
+    let file = std::env::temp_dir().join(format!("agents-sec-{}.yaml", ns.name));
+    std::fs::write(&file, yaml).unwrap();
+    let mut op = Command::new(BIN)
+        .args(["operator", "-n", &ns.name, "--metrics-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        // The operator's own environment holds a different value: it must
+        // never reach the tool.
+        .env("AGENTS_SECRET_WEATHER_TOKEN", "from-the-operator-env")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "session/sec",
+        "--timeout=60s",
+    ]);
+    let _ = op.kill();
+    let _ = op.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(*seen.lock().unwrap(), ["from-the-secret-7f3a"]);
+    let stored = kubectl_ok(["get", "session", "sec", "-n", &ns.name, "-o", "json"]);
+    assert!(
+        !stored.contains("from-the-secret-7f3a"),
+        "the secret is never stored"
+    );
+}
