@@ -37,6 +37,8 @@ use tokio::task::JoinHandle;
 /// How often the watchdog looks again while a renewal it expects has not
 /// shown up yet.
 const RECHECK: Duration = Duration::from_millis(500);
+/// The longest the watchdog waits for one read of the Lease.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long shutdown waits for the Lease to be released.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -300,7 +302,18 @@ impl Watchdog {
                 }
                 _ = check => {
                     let now = SystemTime::now();
-                    match self.read().await {
+                    // A partition can make a read hang: never wait past the
+                    // deadline for one.
+                    let budget = match confirmed {
+                        Confirmed::RenewedAt(at) => self.deadline(at).duration_since(now).unwrap_or_default(),
+                        Confirmed::No => READ_TIMEOUT,
+                    }
+                    .clamp(Duration::from_millis(50), READ_TIMEOUT);
+                    let reading = match tokio::time::timeout(budget, self.read()).await {
+                        Ok(reading) => reading,
+                        Err(_) => Reading::Unknown(format!("no answer within {budget:?}")),
+                    };
+                    match reading {
                         Reading::Ours(renewed) => {
                             let fresh = match confirmed {
                                 Confirmed::RenewedAt(before) => renewed > before,
