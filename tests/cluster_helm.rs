@@ -22,6 +22,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use agents::api::Continuation;
+use agents::lease::LeaderElection;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -547,6 +548,17 @@ impl Drop for Release {
     }
 }
 
+/// A client for the test cluster that acts as `user` (impersonation).
+async fn client_as(user: &str) -> kube::Client {
+    let path = support::kubeconfig_path().expect("kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.into());
+    kube::Client::try_from(config).unwrap()
+}
+
 /// `kubectl auth can-i VERB RESOURCE --as USER -n NS` is "yes".
 fn can(user: &str, ns: &str, verb: &str, resource: &str, subresource: Option<&str>) -> bool {
     let mut args = vec!["auth", "can-i", verb, resource, "-n", ns, "--as", user];
@@ -670,6 +682,33 @@ async fn install_upgrade_and_uninstall_with_the_roles_they_grant() {
         None
     ));
     assert!(!can(&sa, &ns.name, "delete", &lease, None));
+    // ... and it is enough for the election code itself, run as that account.
+    let as_operator = client_as(&sa).await;
+    let election = LeaderElection::new(
+        as_operator,
+        &ns.name,
+        &format!("{release}-operator"),
+        "operator-pod-0",
+        Duration::from_secs(15),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("leader election with the chart's Role");
+    tokio::time::timeout(Duration::from_secs(15), election.watch().wait_for(|l| *l))
+        .await
+        .expect("elected within 15 s")
+        .unwrap();
+    assert_eq!(
+        lease_holder(&client, &ns.name, &format!("{release}-operator"))
+            .await
+            .as_deref(),
+        Some("operator-pod-0")
+    );
+    election.shutdown().await;
+    assert_eq!(
+        lease_holder(&client, &ns.name, &format!("{release}-operator")).await,
+        None
+    );
 
     // view and edit, through the aggregated roles.
     kubectl_ok([
