@@ -14,9 +14,8 @@
 //! ```ignore
 //! let election = LeaderElection::new(client, &pod_ns, "agents-operator", &pod_name,
 //!     Duration::from_secs(15), Duration::from_secs(5)).await?;
-//! let mut leading = election.watch();
-//! leading.wait_for(|l| *l).await?;            // standby until elected
-//! run_controllers(until(leading.wait_for(|l| !*l))).await;
+//! election.elected().await;                  // standby until elected
+//! run_controllers(/* stop on: */ election.lost()).await;
 //! election.shutdown().await;                  // hand the Lease over at once
 //! ```
 //!
@@ -135,6 +134,17 @@ impl LeaderElection {
     /// take over after `grace/2`. It may turn `true` again later.
     pub fn watch(&self) -> watch::Receiver<bool> {
         self.leading.clone()
+    }
+
+    /// Resolves once this contender leads (at once if it does).
+    pub async fn elected(&self) {
+        let _ = self.watch().wait_for(|l| *l).await;
+    }
+
+    /// Resolves once this contender does not lead (at once if it does not):
+    /// await it after [`LeaderElection::elected`] to learn of a loss.
+    pub async fn lost(&self) {
+        let _ = self.watch().wait_for(|l| !*l).await;
     }
 
     pub fn is_leader(&self) -> bool {

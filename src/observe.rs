@@ -283,6 +283,8 @@ impl Health {
     /// Readiness: set once the controllers' caches have synced. Not tied to
     /// leadership: a standby is Ready too, or a rolling update that waits
     /// for the new pod to be Ready before stopping the leader never ends.
+    /// A standby that starts no controllers (so syncs no cache) sets it
+    /// once started; one that keeps warm caches sets it once they synced.
     pub fn set_ready(&self, ready: bool) {
         self.inner.ready.store(ready, Ordering::SeqCst);
     }

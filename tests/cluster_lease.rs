@@ -291,14 +291,13 @@ async fn a_cut_off_leader_steps_down_before_the_standby_takes_over() {
 
     let cut = Instant::now();
     proxy.cut.send_replace(true);
-    let mut a_rx = a.leading.clone();
-    let mut b_rx = b.leading.clone();
+    let (a_election, b_election) = (a.election.as_ref().unwrap(), b.election.as_ref().unwrap());
     let stepped_down = tokio::time::timeout(3 * DURATION, async {
-        a_rx.wait_for(|l| !*l).await.unwrap();
+        a_election.lost().await;
         cut.elapsed()
     });
     let took_over = tokio::time::timeout(3 * DURATION, async {
-        b_rx.wait_for(|l| *l).await.unwrap();
+        b_election.elected().await;
         cut.elapsed()
     });
     let (stepped_down, took_over) = tokio::join!(stepped_down, took_over);
