@@ -43,7 +43,7 @@ impl Operator {
         let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{tag}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
-            .args(["operator", "-n", ns])
+            .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
             .env_remove("AGENTS_STORE")

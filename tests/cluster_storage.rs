@@ -28,7 +28,7 @@ fn operator(ns: &str, kubeconfig: &Path) -> Operator {
     let log = std::env::temp_dir().join(format!("agents-operator-{ns}.log"));
     Operator(
         Command::new(BIN)
-            .args(["operator", "-n", ns])
+            .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::null())

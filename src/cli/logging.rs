@@ -5,10 +5,11 @@
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init(default_level: &str) {
+pub fn init(default_level: &str, json_flag: bool) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let json = std::env::var("AGENTS_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
+    let json = json_flag
+        || std::env::var("AGENTS_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -49,33 +49,48 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct OperatorArgs {
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, short = 'n', env = "AGENTS_NAMESPACE")]
-    pub namespace: Option<String>,
+    /// Watch only these namespaces (repeat the flag); default: all.
+    #[arg(long = "namespace", short = 'n', env = "AGENTS_NAMESPACE", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
     /// The agents image (this binary), for the init container that brings
     /// the wrapper into tool Jobs. Without it, `runIsolated` calls wait for
     /// an outside worker (`agents session run-isolated --store kube`).
     #[arg(long, env = "AGENTS_IMAGE")]
     pub agents_image: Option<String>,
-    /// Image patterns (globs) a tool may run; repeat or comma-separate.
-    /// Default: any image.
-    #[arg(long, env = "AGENTS_ALLOWED_TOOL_IMAGES", value_delimiter = ',')]
+    /// An image pattern (glob) tools may run; repeat for more. Default: any.
+    #[arg(long = "allowed-tool-image", env = "AGENTS_ALLOWED_TOOL_IMAGES", value_delimiter = ',')]
     pub allowed_tool_images: Vec<String>,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
     #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]
     pub tool_service_account: String,
     /// Default CPU and memory limits of tool containers.
-    #[arg(long, env = "AGENTS_TOOL_CPU_LIMIT", default_value = "500m")]
-    pub tool_cpu_limit: String,
-    #[arg(long, env = "AGENTS_TOOL_MEMORY_LIMIT", default_value = "256Mi")]
-    pub tool_memory_limit: String,
-    /// Hold a Lease and reconcile only while leading (for replicas > 1).
+    #[arg(long, default_value = "500m")]
+    pub job_cpu_limit: String,
+    #[arg(long, default_value = "256Mi")]
+    pub job_memory_limit: String,
+    /// Deadline of a tool call without a `timeout` decorator (its Job's
+    /// activeDeadlineSeconds; also runSync and runAsync tools).
+    #[arg(long, default_value_t = 300)]
+    pub job_active_deadline_seconds: u64,
+    /// Model call timeout for agents that set no `spec.model.timeoutSeconds`.
+    #[arg(long)]
+    pub model_timeout_seconds: Option<u64>,
+    /// Hold a Lease and reconcile only while leading (replicas > 1).
     #[arg(long, env = "AGENTS_LEADER_ELECT")]
     pub leader_elect: bool,
+    #[arg(long, default_value = "agents-operator")]
+    pub lease_name: String,
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    #[arg(long, default_value_t = 5)]
+    pub lease_grace_seconds: u64,
     /// Serve /metrics, /healthz and /readyz on this address.
-    #[arg(long, env = "AGENTS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "AGENTS_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     pub metrics_addr: String,
+    /// Log lines as `text` or `json` (also AGENTS_LOG_FORMAT).
+    #[arg(long, value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -221,11 +236,12 @@ pub enum SessionCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse_from(plugin_aware_args());
     // The operator's logs are its output; a CLI command's are noise unless asked for.
-    logging::init(if matches!(cli.command, Command::Operator(_)) {
-        "info"
-    } else {
-        "warn"
-    });
+    match &cli.command {
+        Command::Operator(args) => {
+            logging::init("info", args.log_format.as_deref() == Some("json"))
+        }
+        _ => logging::init("warn", false),
+    }
     let result = match cli.command {
         Command::Crds => {
             out::text(&crate::api::crds_yaml());

@@ -13,18 +13,28 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         allowed_images: (!args.allowed_tool_images.is_empty()).then_some(args.allowed_tool_images),
         ..Default::default()
     };
+    job_defaults.limits.insert("cpu".into(), args.job_cpu_limit);
     job_defaults
         .limits
-        .insert("cpu".into(), args.tool_cpu_limit);
-    job_defaults
-        .limits
-        .insert("memory".into(), args.tool_memory_limit);
+        .insert("memory".into(), args.job_memory_limit);
+    let metrics_addr = args.metrics_addr.parse().map_err(|e| {
+        anyhow::anyhow!(
+            "--metrics-addr {:?} is not an address like 0.0.0.0:8080: {e}",
+            args.metrics_addr
+        )
+    })?;
     runtime.block_on(crate::operator::run(crate::operator::Options {
-        namespace: args.namespace,
+        namespaces: args.namespaces,
         agents_image: args.agents_image,
         job_defaults,
-        leader_elect: args.leader_elect,
-        metrics_addr: args.metrics_addr,
+        default_tool_timeout_secs: args.job_active_deadline_seconds,
+        model_timeout_secs: args.model_timeout_seconds,
+        leader_election: args.leader_elect.then(|| crate::operator::LeaseOptions {
+            name: args.lease_name,
+            duration: std::time::Duration::from_secs(args.lease_duration_seconds),
+            grace: std::time::Duration::from_secs(args.lease_grace_seconds),
+        }),
+        metrics_addr,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -62,20 +62,45 @@ const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
 /// which the watch delivers.
 const INVALID_RECHECK: Duration = Duration::from_secs(300);
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Options {
-    /// Watch only this namespace (all when `None`).
-    pub namespace: Option<String>,
+    /// Watch only these namespaces (all when empty).
+    pub namespaces: Vec<String>,
     /// The agents image, for the init container that brings the wrapper
     /// into tool Jobs. Without it isolated calls wait for an outside
     /// worker (`agents session run-isolated --store kube`).
     pub agents_image: Option<String>,
     /// How tool Jobs are built (limits, service account, allowed images).
     pub job_defaults: crate::runner::job::JobDefaults,
-    /// Reconcile only while holding the Lease (replicas > 1).
-    pub leader_elect: bool,
+    /// Deadline of a tool call without a `timeout` decorator.
+    pub default_tool_timeout_secs: u64,
+    /// Model call timeout for agents that set none.
+    pub model_timeout_secs: Option<u64>,
+    /// Reconcile only while holding this Lease (replicas > 1).
+    pub leader_election: Option<LeaseOptions>,
     /// Where /metrics, /healthz and /readyz are served.
-    pub metrics_addr: String,
+    pub metrics_addr: std::net::SocketAddr,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            namespaces: Vec::new(),
+            agents_image: None,
+            job_defaults: Default::default(),
+            default_tool_timeout_secs: crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS,
+            model_timeout_secs: None,
+            leader_election: None,
+            metrics_addr: ([127, 0, 0, 1], 0).into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    pub name: String,
+    pub duration: Duration,
+    pub grace: Duration,
 }
 
 /// What every reconcile shares.
@@ -87,6 +112,8 @@ pub struct Context {
     pub cache: Arc<MemoryCache>,
     /// The Job runner for isolated calls (per namespace via `with_namespace`).
     pub jobs: Option<crate::runner::job::JobRunner>,
+    pub metrics: Arc<crate::observe::Metrics>,
+    pub options: Options,
     /// Failed reconciles in a row, per session, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// Waits already announced as Events (session UID, token, what it waits
@@ -132,12 +159,95 @@ pub fn identity() -> String {
         .unwrap_or_else(|| "operator".into())
 }
 
-/// Runs the controllers until SIGINT/SIGTERM.
+/// Runs the controllers until SIGINT/SIGTERM: serves /metrics, /healthz
+/// and /readyz, and with leader election reconciles only while leading
+/// (the process exits when it loses the Lease; its claims keep a stale
+/// leader's work from running twice).
 pub async fn run(opts: Options) -> anyhow::Result<()> {
     let client = Client::try_default().await.map_err(|e| {
         anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
     })?;
-    run_with(client, opts).await
+    let metrics = Arc::new(crate::observe::Metrics::new());
+    let health = crate::observe::Health::new();
+    let server = crate::observe::MetricsServer::bind(opts.metrics_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {}: {e}", opts.metrics_addr))?;
+    info!(addr = %server.local_addr()?, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(server.run(metrics.clone(), health.clone()));
+    let Some(lease) = opts.leader_election.clone() else {
+        metrics.set_leader(true);
+        return run_controllers(client, opts, metrics, health).await;
+    };
+    // A standby is ready (it serves nothing but must not block a rollout).
+    health.set_ready(true);
+    let lease_ns = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let election = crate::lease::LeaderElection::new(
+        client.clone(),
+        &lease_ns,
+        &lease.name,
+        &identity(),
+        lease.duration,
+        lease.grace,
+    )
+    .await?;
+    let mut leading = election.watch();
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            m.set_leader(*leading.borrow());
+            if leading.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    info!(lease = %lease.name, namespace = %lease_ns, "waiting to lead");
+    tokio::select! {
+        _ = election.elected() => {}
+        _ = tokio::signal::ctrl_c() => { election.shutdown().await; return Ok(()); }
+    }
+    info!(lease = %lease.name, "leading");
+    let lost = tokio::select! {
+        r = run_controllers(client, opts, metrics, health) => { r?; false }
+        _ = election.lost() => true,
+    };
+    if lost {
+        // Work under way keeps its claims; the next leader takes it over
+        // when they lapse. Exiting ends every task of this process.
+        warn!("lost the lease; exiting");
+        std::process::exit(1);
+    }
+    election.shutdown().await;
+    Ok(())
+}
+
+/// One controller set per watched namespace (or one for all).
+async fn run_controllers(
+    client: Client,
+    opts: Options,
+    metrics: Arc<crate::observe::Metrics>,
+    health: crate::observe::Health,
+) -> anyhow::Result<()> {
+    let scopes: Vec<Option<String>> = if opts.namespaces.is_empty() {
+        vec![None]
+    } else {
+        opts.namespaces.iter().cloned().map(Some).collect()
+    };
+    let runs = scopes.into_iter().map(|ns| {
+        run_with(
+            client.clone(),
+            ns,
+            opts.clone(),
+            metrics.clone(),
+            health.clone(),
+        )
+    });
+    for r in futures::future::join_all(runs).await {
+        r?;
+    }
+    Ok(())
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -151,8 +261,14 @@ where
     }
 }
 
-pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
-    let ns = opts.namespace.as_deref();
+pub async fn run_with(
+    client: Client,
+    namespace: Option<String>,
+    opts: Options,
+    metrics: Arc<crate::observe::Metrics>,
+    health: crate::observe::Health,
+) -> anyhow::Result<()> {
+    let ns = namespace.as_deref();
     let identity = identity();
     let holder = Holder::operator(&identity);
     info!(
@@ -184,10 +300,28 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
                 opts.job_defaults.clone(),
             )
         }),
+        metrics,
+        options: opts.clone(),
         failures: Mutex::new(HashMap::new()),
         announced: Mutex::new(HashSet::new()),
     });
-    tokio::spawn(sweep_loop(background, sessions.clone()));
+    if ctx.jobs.is_none() {
+        info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
+    }
+    let ready_store = sessions.clone();
+    let ready = health.clone();
+    tokio::spawn(async move {
+        if ready_store.wait_until_ready().await.is_ok() {
+            ready.set_ready(true);
+        }
+    });
+    let sweep_guard = health.register_loop("sweep");
+    let swept = sessions.clone();
+    tokio::spawn(async move {
+        let _guard = sweep_guard;
+        sweep_loop(background, swept).await
+    });
+    let controller_guard = health.register_loop(&format!("sessions/{}", ns.unwrap_or("all")));
     let wakes =
         futures::stream::unfold(
             wake_rx,
@@ -225,6 +359,7 @@ pub async fn run_with(client: Client, opts: Options) -> anyhow::Result<()> {
             }
         });
     futures::join!(sessions_controller, agents);
+    drop(controller_guard);
     info!("operator stopped");
     Ok(())
 }
@@ -340,11 +475,17 @@ async fn prepare(
         agent: spec.clone(),
         spec: session_spec.clone(),
     };
-    let agent = definition.build(created).map_err(|message| NotReady {
+    let mut agent = definition.build(created).map_err(|message| NotReady {
         reason: "InvalidAgent",
         message,
         recheck: INVALID_RECHECK,
     })?;
+    agent.config.default_tool_timeout_secs = ctx.options.default_tool_timeout_secs;
+    let model_timeout = match (spec.model.timeout_seconds, ctx.options.model_timeout_secs) {
+        (None, Some(default)) => default,
+        _ => spec.model.timeout_seconds().into(),
+    };
+    agent.config.model_timeout_secs = model_timeout;
     let model = match spec.model.provider {
         ModelProvider::Scripted => agent.model.clone(),
         ModelProvider::Openai => {
@@ -361,7 +502,7 @@ async fn prepare(
                 &o.base_url,
                 &o.model,
                 key,
-                Duration::from_secs(spec.model.timeout_seconds().into()),
+                Duration::from_secs(model_timeout),
             ))
         }
     };
@@ -539,6 +680,37 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
             _ => true,
         });
     }
+    ctx.metrics.reconciled(true);
+    for p in &progress {
+        use crate::observe::{TOOL_COMPLETED, TOOL_DEFERRED, TOOL_FAILED};
+        match p {
+            Progress::AgentTurn { .. } => ctx.metrics.model_call(true),
+            Progress::ModelError { .. } => ctx.metrics.model_call(false),
+            Progress::ToolResult { result, by, .. } => {
+                // How it ran; a result from outside counts as `external`.
+                let how = match by.as_str() {
+                    "runSync" | "runAsync" | "job" | "cache" => by.as_str(),
+                    _ => "external",
+                };
+                let outcome = if result.is_error() {
+                    TOOL_FAILED
+                } else {
+                    TOOL_COMPLETED
+                };
+                ctx.metrics.tool_call(how, outcome);
+            }
+            Progress::Deferred { waiting_for, .. } => {
+                let how = match waiting_for {
+                    crate::core::WaitingFor::Approval => "approval",
+                    crate::core::WaitingFor::Background => "runAsync",
+                    crate::core::WaitingFor::Isolated => "runIsolated",
+                    crate::core::WaitingFor::External => "defer",
+                };
+                ctx.metrics.tool_call(how, TOOL_DEFERRED);
+            }
+            _ => {}
+        }
+    }
     let mut evs = events::for_progress(&progress, report.writes > 0);
     evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
     for e in evs {
@@ -597,6 +769,13 @@ async fn publish(
 }
 
 fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconciled(false);
+    ctx.metrics.reconcile_error(match error {
+        Error::Engine(EngineError::TooManyConflicts(_)) => "conflicts",
+        Error::Engine(EngineError::Store(_)) | Error::Store(_) => "store",
+        Error::Kube(_) => "api",
+        Error::NoNamespace(_) => "spec",
+    });
     let key = format!(
         "{}/{}",
         session.namespace().unwrap_or_default(),
