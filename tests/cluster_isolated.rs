@@ -41,7 +41,15 @@ impl Operator {
         let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{tag}.log"));
         Operator(
             Command::new(BIN)
-                .args(["operator", "-n", ns, "--agents-image", image, "--metrics-addr", "127.0.0.1:0"])
+                .args([
+                    "operator",
+                    "-n",
+                    ns,
+                    "--agents-image",
+                    image,
+                    "--metrics-addr",
+                    "127.0.0.1:0",
+                ])
                 .args(["--metrics-addr", "127.0.0.1:0"])
                 .env("KUBECONFIG", kubeconfig)
                 .env("RUST_LOG", "info,kube=warn")

@@ -1033,18 +1033,35 @@ impl Drop for ClusterScoped {
 
 /// The chart's RBAC, rendered for release `release` in `ns` (the template
 /// uses only `.Release.Name` and `.Release.Namespace`).
+/// The chart's RBAC and ServiceAccount, rendered by helm (built by
+/// tests/cluster/build) with the release's objects named `<release>-...`.
 fn rbac_manifests(release: &str, ns: &str) -> String {
-    let template =
-        std::fs::read_to_string(support::repo_root().join("charts/agents/templates/rbac.yaml"))
-            .unwrap();
-    let rendered = template
-        .replace("{{ .Release.Name }}", release)
-        .replace("{{ .Release.Namespace }}", ns);
+    let helm = std::fs::read_dir(support::BINARY_CACHE)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("helm-"))
+        .map(|e| e.path().join("helm"))
+        .find(|p| p.is_file())
+        .expect("helm, built by tests/cluster/build");
+    let out = Command::new(helm)
+        .args(["template", release])
+        .arg(support::repo_root().join("charts/agents"))
+        .args([
+            "--namespace",
+            ns,
+            "--set",
+            &format!("fullnameOverride={release}"),
+        ])
+        .args(["--show-only", "templates/rbac.yaml"])
+        .args(["--show-only", "templates/serviceaccount.yaml"])
+        .output()
+        .unwrap();
     assert!(
-        !rendered.contains("{{"),
-        "unrendered template left:\n{rendered}"
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    rendered
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The operator runs under its ClusterRole only; a service account bound

@@ -50,7 +50,12 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct OperatorArgs {
     /// Watch only these namespaces (repeat the flag); default: all.
-    #[arg(long = "namespace", short = 'n', env = "AGENTS_NAMESPACE", value_delimiter = ',')]
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "AGENTS_NAMESPACE",
+        value_delimiter = ','
+    )]
     pub namespaces: Vec<String>,
     /// The agents image (this binary), for the init container that brings
     /// the wrapper into tool Jobs. Without it, `runIsolated` calls wait for
@@ -58,7 +63,11 @@ pub struct OperatorArgs {
     #[arg(long, env = "AGENTS_IMAGE")]
     pub agents_image: Option<String>,
     /// An image pattern (glob) tools may run; repeat for more. Default: any.
-    #[arg(long = "allowed-tool-image", env = "AGENTS_ALLOWED_TOOL_IMAGES", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-tool-image",
+        env = "AGENTS_ALLOWED_TOOL_IMAGES",
+        value_delimiter = ','
+    )]
     pub allowed_tool_images: Vec<String>,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
