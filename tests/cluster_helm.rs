@@ -176,14 +176,17 @@ fn write_temp(name: &str, text: &str) -> PathBuf {
 
 /// `kubectl apply --dry-run=server -f FILE`: (stdout, stderr), asserting success.
 fn server_dry_run(file: &Path, namespace: &str) -> (String, String) {
-    let out = kubectl([
-        "apply",
-        "--dry-run=server",
-        "-n",
-        namespace,
-        "-f",
-        file.to_str().unwrap(),
-    ]);
+    // Rendered charts name their namespaces (namespaced mode spans several);
+    // plain manifests (the examples) take `namespace`.
+    let names_its_namespaces = std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .contains("namespace:");
+    let mut args = vec!["apply", "--dry-run=server"];
+    if !names_its_namespaces {
+        args.extend(["-n", namespace]);
+    }
+    args.extend(["-f", file.to_str().unwrap()]);
+    let out = kubectl(args);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -13,6 +13,10 @@ use std::collections::BTreeSet;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     name: String,
+    /// An operator that won leader election: every other operator replica
+    /// stopped leading before it got the Lease (and exits on losing it),
+    /// so their claims are void.
+    elected: bool,
 }
 
 impl Holder {
@@ -25,6 +29,7 @@ impl Holder {
                 hostname(),
                 process_start(pid).unwrap_or_default()
             ),
+            elected: false,
         }
     }
 
@@ -32,6 +37,15 @@ impl Holder {
     pub fn operator(identity: &str) -> Self {
         Holder {
             name: format!("operator/{identity}/{}", uuid::Uuid::new_v4().simple()),
+            elected: false,
+        }
+    }
+
+    /// An operator replica that holds the leader Lease.
+    pub fn elected_operator(identity: &str) -> Self {
+        Holder {
+            elected: true,
+            ..Holder::operator(identity)
         }
     }
 
@@ -39,6 +53,7 @@ impl Holder {
     pub fn named(name: &str) -> Self {
         Holder {
             name: name.to_string(),
+            elected: false,
         }
     }
 
@@ -54,7 +69,7 @@ impl Holder {
         let mine: Vec<&str> = self.name.split('/').collect();
         let theirs: Vec<&str> = other.split('/').collect();
         match (mine.as_slice(), theirs.as_slice()) {
-            (["operator", me, _], ["operator", them, _]) => me == them,
+            (["operator", me, _], ["operator", them, _]) => self.elected || me == them,
             (["cli", host, ..], ["cli", their_host, pid, start]) if host == their_host => {
                 match pid.parse::<u32>() {
                     Ok(pid) => process_start(pid).as_deref() != Some(*start),
@@ -102,6 +117,11 @@ mod tests {
         assert!(me.knows_dead(earlier.name()));
         assert!(!me.knows_dead(other.name()));
         assert!(!me.knows_dead(me.name()));
+        // The elected leader voids every other replica's claims (they
+        // stopped leading first); never a CLI's.
+        let leader = Holder::elected_operator("pod-b");
+        assert!(leader.knows_dead(me.name()));
+        assert!(!leader.knows_dead(Holder::cli().name()));
     }
 
     #[test]

@@ -270,7 +270,12 @@ pub async fn run_with(
 ) -> anyhow::Result<()> {
     let ns = namespace.as_deref();
     let identity = identity();
-    let holder = Holder::operator(&identity);
+    let holder = if opts.leader_election.is_some() {
+        // Runs only once elected (see `run`).
+        Holder::elected_operator(&identity)
+    } else {
+        Holder::operator(&identity)
+    };
     info!(
         holder = holder.name(),
         namespace = ns.unwrap_or("(all)"),
