@@ -661,7 +661,7 @@ async fn perform(
             p.cache.remember(&key, &result, p.clock.now()).await?
         }
         Action::Yield { pending } => {
-            info!(session = sid, pending = pending.len(), "yielded");
+            debug!(session = sid, pending = pending.len(), "yielded");
         }
         // Reported from the outlook once the queue is drained.
         Action::Finished { .. } | Action::Failed { .. } => {}
