@@ -50,7 +50,6 @@ impl Operator {
                     "--metrics-addr",
                     "127.0.0.1:0",
                 ])
-                .args(["--metrics-addr", "127.0.0.1:0"])
                 .env("KUBECONFIG", kubeconfig)
                 .env("RUST_LOG", "info,kube=warn")
                 .stdout(Stdio::null())
