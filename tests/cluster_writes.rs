@@ -198,6 +198,56 @@ async fn api_writes_per_call_of_the_requested_flow() {
     // Let the last status write settle before reading the counters.
     std::thread::sleep(Duration::from_secs(1));
     let after = api_writes();
+    // The operator's own view: /metrics, /healthz, /readyz on its address.
+    let log = std::fs::read_to_string(
+        std::env::temp_dir().join(format!("agents-operator-{}-0.log", ns.name)),
+    )
+    .unwrap();
+    let addr = log
+        .lines()
+        .find(|l| l.contains("serving /metrics"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .map(|a| a.split_whitespace().next().unwrap_or_default().to_string())
+        .expect("the operator logs its metrics address");
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    assert!(get("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(get("/readyz").starts_with("HTTP/1.1 200"));
+    let metrics = get("/metrics");
+    let value = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    eprintln!(
+        "operator metrics: wake latency count {}, sum {:.3} s; reconciles {}",
+        value("agents_wake_latency_seconds_count"),
+        value("agents_wake_latency_seconds_sum"),
+        value("agents_reconciles_total")
+    );
+    assert!(
+        value("agents_wake_latency_seconds_count") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        value("agents_tool_calls_total{disposition=\"runSync\",outcome=\"completed\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        value("agents_model_calls_total{outcome=\"ok\"}") >= 2.0,
+        "{metrics}"
+    );
     let _ = op.kill();
     let _ = op.wait();
     assert_eq!(keys.lock().unwrap().len(), 2, "both http calls ran");

@@ -428,6 +428,13 @@ fn apply_record(
             now,
         );
         if woke.is_ok() {
+            if let Some(at) = rec.completed_at {
+                observer.observe(&Progress::Woke {
+                    session: sid.clone(),
+                    token: token.0.clone(),
+                    waited_ms: (now.0 - at.0).max(0) as u64,
+                });
+            }
             observer.observe(&Progress::ToolResult {
                 session: sid,
                 call: rec.spec.call_id.to_string(),

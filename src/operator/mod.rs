@@ -690,6 +690,9 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         use crate::observe::{TOOL_COMPLETED, TOOL_DEFERRED, TOOL_FAILED};
         match p {
             Progress::AgentTurn { .. } => ctx.metrics.model_call(true),
+            Progress::Woke { waited_ms, .. } => {
+                ctx.metrics.wake_latency(Duration::from_millis(*waited_ms))
+            }
             Progress::ModelError { .. } => ctx.metrics.model_call(false),
             Progress::ToolResult { result, by, .. } => {
                 // How it ran; a result from outside counts as `external`.

@@ -87,6 +87,14 @@ pub enum Progress {
         session: String,
         message: String,
     },
+    /// A result written from outside was taken in, this long after it was
+    /// written (the wake latency). For metrics; never printed.
+    #[serde(rename_all = "camelCase")]
+    Woke {
+        session: String,
+        token: String,
+        waited_ms: u64,
+    },
 }
 
 impl Progress {
@@ -133,6 +141,9 @@ impl Progress {
     /// stdout (`agents run ... | head -1`) is ignored: output never stops
     /// the engine.
     pub fn emit(&self, json: bool) {
+        if matches!(self, Progress::Woke { .. }) {
+            return;
+        }
         if json {
             crate::cli::out::line(&serde_json::to_string(self).expect("progress serialises"));
         } else {
@@ -227,6 +238,11 @@ impl Progress {
                 shell_quote(session)
             ),
             Progress::Note { message, .. } => format!("note: {message}"),
+            Progress::Woke {
+                token, waited_ms, ..
+            } => {
+                format!("woke on {token} after {waited_ms} ms")
+            }
         }
     }
 }
