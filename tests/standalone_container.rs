@@ -284,7 +284,10 @@ async fn a_leftover_container_of_a_killed_worker_is_removed_before_the_attempt()
         ],
     );
     assert!(started.status.success(), "{started:?}");
-    assert_eq!(containers_named(&engine, &name), [name.clone()]);
+    assert_eq!(
+        containers_named(&engine, &name),
+        std::slice::from_ref(&name)
+    );
     let out = ContainerRunner::default()
         .run(
             &envelope(&token),
@@ -449,4 +452,77 @@ spec:
     assert!(!result.contains("sk-must-not-leak"), "{result}");
     let resumed = s.run(&["session", "resume", &name]);
     assert!(resumed.ok().contains("succeeded"), "{}", resumed.stdout);
+}
+
+/// A worker SIGKILLed mid-run leaves its container behind (the engine's
+/// monitor keeps it); the next worker removes it before its own attempt,
+/// so the call has exactly one run going and one result.
+#[test]
+fn a_worker_killed_mid_run_leaves_one_run_of_the_call() {
+    let Some(engine) = engine() else { return };
+    let s = Scratch::new("killed");
+    let name = unique("killed");
+    let yaml = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: {name}}}
+spec:
+  messages: ["go"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: probe, arguments: {{}}}}]
+          - text: done
+    tools:
+      - name: probe
+        container:
+          image: {IMAGE}
+          command: ["/bin/sh", "-c", "cat >/dev/null; sleep 5; echo finished"]
+"#
+    );
+    let file = s.write("s.yaml", &yaml);
+    s.run(&["run", "-f", file.to_str().unwrap()]).ok();
+    let mut worker = s.spawn(&["session", "run-isolated", &name]);
+    let prefix = format!("agents-{name}-t1-c0-a");
+    let running = |engine: &Engine| -> Vec<String> {
+        let out = engine_cmd(
+            engine,
+            &[
+                "ps",
+                "-a",
+                "--filter",
+                &format!("name=^{prefix}"),
+                "--format",
+                "{{.Names}}",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(&engine).is_empty() {
+        assert!(Instant::now() < deadline, "the container never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SIGKILL: no way out for the worker, its container stays.
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let left = running(&engine);
+    assert_eq!(left.len(), 1, "{left:?}");
+    let again = s.run(&["session", "run-isolated", &name]);
+    assert!(again.ok().contains("probe [container]"), "{}", again.stdout);
+    let shown = s.run(&["session", "show", &name, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(shown.ok()).unwrap();
+    let result = v["continuations"][0]["result"].to_string();
+    assert!(result.contains("finished"), "{result}");
+    assert_eq!(
+        running(&engine),
+        Vec::<String>::new(),
+        "a container remains"
+    );
 }

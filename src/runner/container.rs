@@ -277,15 +277,19 @@ pub fn container_name(token: &str, attempt: u32) -> String {
     format!("{prefix}-{hex}")
 }
 
+/// Arguments of the engine client, and the variables set in its own
+/// environment (whose values `--env NAME` hands to the container).
+pub type EngineCommand = (Vec<String>, Vec<(String, String)>);
+
 /// The engine's arguments (global ones, `run`, hardening, limits, env
-/// names, image, command) and the client's environment: the values of
-/// the variables the container gets, plus what the client itself needs.
+/// names, image, command) and the values of the variables the container
+/// gets; `lookup` reads the worker's environment (secrets, settings).
 pub fn run_command(
     name: &str,
     envelope: &CallEnvelope,
     spec: &IsolationSpec,
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
-) -> Result<(Vec<String>, Vec<(String, String)>), String> {
+) -> Result<EngineCommand, String> {
     if spec.image.is_empty() {
         return Err("the container runner needs an image".into());
     }
