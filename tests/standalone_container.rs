@@ -526,3 +526,58 @@ spec:
         "a container remains"
     );
 }
+
+/// What the hardening refuses is the tool's failure, and it reaches the
+/// session as an error result (so the model's next turn sees it).
+#[test]
+fn refused_writes_and_network_are_errors_the_model_sees() {
+    let Some(_) = engine() else { return };
+    for (what, script, needle) in [
+        (
+            "root",
+            "cat >/dev/null; echo x > /etc/agents-probe",
+            "Read-only file system",
+        ),
+        (
+            "net",
+            "cat >/dev/null; wget -q -T 3 -O- http://10.0.2.2/",
+            "exit status",
+        ),
+    ] {
+        let s = Scratch::new("refused");
+        let name = unique(&format!("refused-{what}"));
+        let yaml = format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: {name}}}
+spec:
+  messages: ["go"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: probe, arguments: {{}}}}]
+          - text: done
+    tools:
+      - name: probe
+        container:
+          image: {IMAGE}
+          command: ["/bin/sh", "-c", {script:?}]
+"#
+        );
+        let file = s.write("s.yaml", &yaml);
+        s.run(&["run", "-f", file.to_str().unwrap()]).ok();
+        s.run(&["session", "run-isolated", &name]).ok();
+        let shown = s.run(&["session", "show", &name, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(shown.ok()).unwrap();
+        let result = v["continuations"][0]["result"].to_string();
+        assert!(
+            result.contains("error") && result.contains(needle),
+            "{what}: {result}"
+        );
+        let resumed = s.run(&["session", "resume", &name]);
+        assert!(resumed.ok().contains("succeeded"), "{}", resumed.stdout);
+    }
+}

@@ -212,7 +212,7 @@ pub fn resolve_engine(chosen: Option<&str>, path: &std::ffi::OsStr) -> Result<En
     };
     match chosen.map(str::trim) {
         Some("none") => Err(format!(
-            "container engines are turned off ({ENGINE_ENV}=none)"
+            "container engines are turned off (--container-engine none or {ENGINE_ENV}=none)"
         )),
         Some(c) if c.contains('/') => {
             let p = PathBuf::from(c);
