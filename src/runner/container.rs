@@ -151,13 +151,24 @@ impl ContainerRunner {
                 let result = match status {
                     Err(e) => ToolResult::error(format!("waiting for the container engine: {e}")),
                     // 125: the engine itself failed (no such image, bad flag).
-                    Ok(s) if exit_code == Some(125) => ToolResult::error(format!(
-                        "the container engine could not run the tool's container ({}): {}. \
-                         Images are never pulled unless {PULL_ENV} says so: load or build \
-                         the image locally (e.g. `podman load -i IMAGE.tar`)",
-                        s,
-                        stderr.trim()
-                    )),
+                    Ok(s) if exit_code == Some(125) => {
+                        let lower = stderr.to_lowercase();
+                        let hint = if ["image", "pull", "manifest"]
+                            .iter()
+                            .any(|w| lower.contains(w))
+                        {
+                            format!(
+                                ". Images are never pulled unless {PULL_ENV} says so: load or \
+                                 build the image locally (e.g. `podman load -i IMAGE.tar`)"
+                            )
+                        } else {
+                            String::new()
+                        };
+                        ToolResult::error(format!(
+                            "the container engine could not run the tool's container ({s}): {}{hint}",
+                            stderr.trim()
+                        ))
+                    }
                     Ok(s) => interpret(envelope, s.success(), exit_code, &stdout, &stderr),
                 };
                 ProcessOutcome {
