@@ -236,6 +236,11 @@ pub enum SessionCommand {
         /// Give up on a call after this many seconds.
         #[arg(long, default_value_t = 300)]
         timeout_seconds: u64,
+        /// Where tools with an image run: podman, docker, none, or a path to
+        /// either's client. Default: podman, then docker, found on PATH. Such
+        /// tools never run on the host.
+        #[arg(long, env = "AGENTS_CONTAINER_ENGINE")]
+        container_engine: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },

@@ -108,10 +108,17 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             SessionCommand::RunIsolated {
                 session,
                 timeout_seconds,
+                container_engine,
                 store,
             } => {
-                commands::run_isolated(&session, timeout_seconds, &sel(&store), Output::default())
-                    .await
+                commands::run_isolated(
+                    &session,
+                    timeout_seconds,
+                    container_engine,
+                    &sel(&store),
+                    Output::default(),
+                )
+                .await
             }
         }
     })

@@ -25,6 +25,7 @@
 //!   kill the tool. The tool's own children do not inherit the signal;
 //!   they die with the group on every exit path except a SIGKILLed worker.
 
+pub mod container;
 pub mod job;
 
 use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};

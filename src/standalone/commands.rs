@@ -98,6 +98,7 @@ fn options(sel: &StoreSel) -> DriveOptions {
             isolated: false,
         }),
         runner: ProcessRunner::default(),
+        container: Default::default(),
         store_flag: store_flag(sel),
     }
 }
@@ -580,6 +581,7 @@ pub async fn decide(
 pub async fn run_isolated(
     session: &str,
     timeout_seconds: u64,
+    container_engine: Option<String>,
     sel: &StoreSel,
     out: Output,
 ) -> anyhow::Result<ExitCode> {
@@ -599,6 +601,7 @@ pub async fn run_isolated(
             isolated: true,
         }),
         runner: ProcessRunner::default(),
+        container: crate::runner::container::ContainerRunner::with_engine(container_engine),
         store_flag: store_flag(sel),
     };
     let quiet_yield = |p: &Progress| {

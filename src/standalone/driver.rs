@@ -15,6 +15,7 @@ use crate::engine::{
     SystemClock, ToolPort,
 };
 use crate::model::{ModelClient, ModelRequest};
+use crate::runner::container::ContainerRunner;
 use crate::runner::ProcessRunner;
 use crate::store::{ContinuationRecord, StoreError};
 use crate::tools::Toolbox;
@@ -48,6 +49,8 @@ pub struct DriveOptions {
     /// Which work this process starts (a worker: isolated runs only).
     pub roles: Option<Roles>,
     pub runner: ProcessRunner,
+    /// Isolated tools with an image run here, never on the host.
+    pub container: ContainerRunner,
     /// Shown in hints: the `--store` flag that reaches this store.
     pub store_flag: String,
 }
@@ -94,10 +97,12 @@ impl ToolPort for AgentTools<'_> {
 }
 
 /// Background calls run inline with the agent's tools; isolated calls run
-/// as local processes. Both finish before `start` returns.
+/// in a container when the tool has an image (never silently on the host),
+/// as local processes otherwise. All finish before `start` returns.
 struct LocalRunner<'a> {
     tools: &'a Toolbox,
     process: &'a ProcessRunner,
+    container: &'a ContainerRunner,
 }
 
 impl RunnerPort for LocalRunner<'_> {
@@ -105,7 +110,7 @@ impl RunnerPort for LocalRunner<'_> {
         &'a self,
         kind: RunKind<'a>,
         envelope: &'a CallEnvelope,
-        _attempt: u32,
+        attempt: u32,
         timeout: Duration,
     ) -> BoxFuture<'a, RunStatus> {
         Box::pin(async move {
@@ -119,6 +124,12 @@ impl RunnerPort for LocalRunner<'_> {
                         )
                         .await
                 }
+                RunKind::Isolated(spec) if !spec.image.is_empty() => {
+                    self.container
+                        .run(envelope, spec, attempt, timeout)
+                        .await
+                        .result
+                }
                 RunKind::Isolated(spec) => {
                     self.process.run(envelope, spec, Some(timeout)).await.result
                 }
@@ -130,6 +141,7 @@ impl RunnerPort for LocalRunner<'_> {
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",
+            RunKind::Isolated(spec) if !spec.image.is_empty() => "container",
             RunKind::Isolated(_) => "process",
         }
     }
@@ -166,6 +178,7 @@ pub async fn drive(
     let runner = LocalRunner {
         tools: &agent.toolbox,
         process: &opts.runner,
+        container: &opts.container,
     };
     let clock = SystemClock;
     let ports = Ports {
@@ -222,6 +235,7 @@ pub async fn sync_input(
     let runner = LocalRunner {
         tools: &agent.toolbox,
         process: &opts.runner,
+        container: &opts.container,
     };
     let quiet = |_: &Progress| {};
     let ports = Ports {

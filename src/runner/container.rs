@@ -1,0 +1,595 @@
+//! The container runner: runs a `runIsolated` call of a tool with an image
+//! in a local container engine (podman or docker), the standalone twin of
+//! the Job runner. Same contract as every runner: the call envelope on
+//! stdin, the result envelope or plain text on stdout (read by
+//! [`super::interpret`]), the token in `AGENTS_TOKEN`.
+//!
+//! Hardened by default, like the Job's pod: no network, a read-only root
+//! (a small tmpfs at `/tmp`), all capabilities dropped, no new privileges,
+//! user 65532, memory/CPU/pids limits, explicit lower ulimits, `--rm`, and
+//! only the variables the definition names. Their values travel in the
+//! engine client's environment (`--env NAME`), never on its command line,
+//! where other users could read secrets in the process list.
+//!
+//! The container's name derives from the token and attempt. A leftover
+//! container of that name (its worker was killed) is removed before the
+//! attempt starts, never adopted: its stdin and output went with the dead
+//! worker, so the attempt runs again, once. A timeout, a dropped future or
+//! an error removes the container too, not only the engine client.
+//!
+//! A tool with an image never falls back to the host: without an engine the
+//! call gets an error saying how to fix it.
+
+use super::{die_with_this_thread, failed, interpret, read_capped, ProcessOutcome, RESERVED};
+use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
+use crate::core::{IsolationSpec, ToolResult};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+/// Chooses the engine: `podman`, `docker`, `none`, or a path to either's
+/// client. Unset: podman, then docker, found on `PATH`.
+pub const ENGINE_ENV: &str = "AGENTS_CONTAINER_ENGINE";
+/// Extra global engine arguments, before `run` (e.g. `--storage-driver vfs`).
+pub const ENGINE_ARGS_ENV: &str = "AGENTS_CONTAINER_ENGINE_ARGS";
+/// Extra `run` arguments, after the hardening flags (so they can relax them,
+/// e.g. `--ulimit nofile=2048:4096`, or `--network slirp4netns` for a tool
+/// that must reach the network).
+pub const RUN_ARGS_ENV: &str = "AGENTS_CONTAINER_RUN_ARGS";
+/// `never` (default), `missing` or `always`: whether the engine may pull.
+pub const PULL_ENV: &str = "AGENTS_CONTAINER_PULL";
+
+/// Limits when the tool's definition sets none (as the Job runner's).
+pub const DEFAULT_MEMORY: &str = "256Mi";
+pub const DEFAULT_CPU: &str = "500m";
+/// The non-root user of every tool container (as the Job's pod).
+pub const TOOL_USER: &str = "65532:65532";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Engine {
+    /// The client to exec (a name found on `PATH`, or a path).
+    pub program: PathBuf,
+    pub podman: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ContainerRunner {
+    /// `podman`, `docker`, `none` or a path; `None`: [`ENGINE_ENV`], then
+    /// the first of podman and docker on `PATH`.
+    pub engine: Option<String>,
+}
+
+impl ContainerRunner {
+    pub fn with_engine(engine: Option<String>) -> Self {
+        ContainerRunner { engine }
+    }
+
+    /// The engine to use, or why there is none (the message says how to fix
+    /// it).
+    pub fn resolve(&self) -> Result<Engine, String> {
+        let chosen = self
+            .engine
+            .clone()
+            .or_else(|| std::env::var(ENGINE_ENV).ok())
+            .filter(|s| !s.trim().is_empty());
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        resolve_engine(chosen.as_deref(), &path)
+    }
+
+    pub async fn run(
+        &self,
+        envelope: &CallEnvelope,
+        spec: &IsolationSpec,
+        attempt: u32,
+        timeout: Duration,
+    ) -> ProcessOutcome {
+        let started = Instant::now();
+        let engine = match self.resolve() {
+            Ok(e) => e,
+            Err(why) => {
+                return failed(
+                    started,
+                    format!(
+                        "the tool {:?} has an image ({}) and runs only in a container: {why}. \
+                         Install podman or docker, or make the tool a plain host command: \
+                         remove `image` from its `container`",
+                        envelope.tool_call.name, spec.image
+                    ),
+                )
+            }
+        };
+        let name = container_name(envelope.token.as_str(), attempt);
+        let (argv, env) = match run_command(&name, envelope, spec, &|k| std::env::var(k).ok()) {
+            Ok(x) => x,
+            Err(e) => return failed(started, e),
+        };
+        // A container of this name is left over from a killed worker: it
+        // runs no more once this attempt starts (see the module docs).
+        remove(&engine, &name).await;
+        let mut cmd = Command::new(&engine.program);
+        cmd.args(&argv)
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        die_with_this_thread(&mut cmd);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return failed(
+                    started,
+                    format!("cannot start {}: {e}", engine.program.display()),
+                )
+            }
+        };
+        // Removes the container however this function is left.
+        let mut guard = Remover(Some((engine.clone(), name.clone())));
+        let input = serde_json::to_vec(envelope).expect("envelopes serialise");
+        let mut stdin = child.stdin.take().expect("piped");
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let io = async {
+            let write = async {
+                let _ = stdin.write_all(&input).await;
+                drop(stdin);
+            };
+            let (_, out, err, status) = tokio::join!(
+                write,
+                read_capped(&mut stdout),
+                read_capped(&mut stderr),
+                child.wait()
+            );
+            (out, err, status)
+        };
+        let outcome = match tokio::time::timeout(timeout, io).await {
+            Ok((stdout, stderr, status)) => {
+                let exit_code = status.as_ref().ok().and_then(|s| s.code());
+                let result = match status {
+                    Err(e) => ToolResult::error(format!("waiting for the container engine: {e}")),
+                    // 125: the engine itself failed (no such image, bad flag).
+                    Ok(s) if exit_code == Some(125) => {
+                        let lower = stderr.to_lowercase();
+                        let hint = if ["image", "pull", "manifest"]
+                            .iter()
+                            .any(|w| lower.contains(w))
+                        {
+                            format!(
+                                ". Images are never pulled unless {PULL_ENV} says so: load or \
+                                 build the image locally (e.g. `podman load -i IMAGE.tar`)"
+                            )
+                        } else {
+                            String::new()
+                        };
+                        ToolResult::error(format!(
+                            "the container engine could not run the tool's container ({s}): {}{hint}",
+                            stderr.trim()
+                        ))
+                    }
+                    Ok(s) => interpret(envelope, s.success(), exit_code, &stdout, &stderr),
+                };
+                ProcessOutcome {
+                    result,
+                    exit_code,
+                    stdout,
+                    stderr,
+                    timed_out: false,
+                    elapsed: started.elapsed(),
+                }
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                if let Some((engine, name)) = guard.0.take() {
+                    remove(&engine, &name).await;
+                }
+                ProcessOutcome {
+                    result: ToolResult::error(format!(
+                        "timed out after {}s; the container was removed",
+                        timeout.as_secs_f64()
+                    )),
+                    exit_code: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    timed_out: true,
+                    elapsed: started.elapsed(),
+                }
+            }
+        };
+        // `--rm` removed it on a normal exit; the guard makes sure.
+        if let Some((engine, name)) = guard.0.take() {
+            if outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
+                remove(&engine, &name).await;
+            }
+        }
+        outcome
+    }
+}
+
+/// Picks the engine from a choice (`podman`, `docker`, `none`, a path) or
+/// from `PATH`.
+pub fn resolve_engine(chosen: Option<&str>, path: &std::ffi::OsStr) -> Result<Engine, String> {
+    let find = |name: &str| -> Option<PathBuf> {
+        std::env::split_paths(path)
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+    };
+    let kind = |p: &Path| {
+        !p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.contains("docker"))
+    };
+    match chosen.map(str::trim) {
+        Some("none") => Err(format!(
+            "container engines are turned off (--container-engine none or {ENGINE_ENV}=none)"
+        )),
+        Some(c) if c.contains('/') => {
+            let p = PathBuf::from(c);
+            if is_executable(&p) {
+                Ok(Engine {
+                    podman: kind(&p),
+                    program: p,
+                })
+            } else {
+                Err(format!(
+                    "the container engine {c} is not an executable file"
+                ))
+            }
+        }
+        Some(c @ ("podman" | "docker")) => find(c)
+            .map(|p| Engine {
+                podman: c == "podman",
+                program: p,
+            })
+            .ok_or_else(|| format!("the container engine {c} was not found on PATH")),
+        Some(other) => Err(format!(
+            "unknown container engine {other:?} (use podman, docker, none or a path)"
+        )),
+        None => ["podman", "docker"]
+            .iter()
+            .find_map(|n| {
+                find(n).map(|p| Engine {
+                    podman: *n == "podman",
+                    program: p,
+                })
+            })
+            .ok_or_else(|| "no container engine (podman or docker) was found on PATH".into()),
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `agents-<token>-a<attempt>`, with what engines refuse in names replaced;
+/// long names keep a prefix and a hash of the whole, so names stay unique.
+pub fn container_name(token: &str, attempt: u32) -> String {
+    let raw = format!("agents-{token}-a{attempt}");
+    let clean: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if clean == raw && clean.len() <= 100 {
+        return clean;
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(raw.as_bytes());
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let prefix: String = clean.chars().take(80).collect();
+    format!("{prefix}-{hex}")
+}
+
+/// Arguments of the engine client, and the variables set in its own
+/// environment (whose values `--env NAME` hands to the container).
+pub type EngineCommand = (Vec<String>, Vec<(String, String)>);
+
+/// The engine's arguments (global ones, `run`, hardening, limits, env
+/// names, image, command) and the values of the variables the container
+/// gets; `lookup` reads the worker's environment (secrets, settings).
+pub fn run_command(
+    name: &str,
+    envelope: &CallEnvelope,
+    spec: &IsolationSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<EngineCommand, String> {
+    if spec.image.is_empty() {
+        return Err("the container runner needs an image".into());
+    }
+    let words = |var: &str| -> Vec<String> {
+        lookup(var)
+            .map(|v| v.split_whitespace().map(String::from).collect())
+            .unwrap_or_default()
+    };
+    let memory = spec
+        .limits
+        .get("memory")
+        .map(String::as_str)
+        .unwrap_or(DEFAULT_MEMORY);
+    let cpu = spec
+        .limits
+        .get("cpu")
+        .map(String::as_str)
+        .unwrap_or(DEFAULT_CPU);
+    let pull = match lookup(PULL_ENV).as_deref().map(str::trim) {
+        None | Some("") | Some("never") => "never",
+        Some("missing") => "missing",
+        Some("always") => "always",
+        Some(other) => {
+            return Err(format!(
+                "{PULL_ENV}={other:?} is not one of never, missing, always"
+            ))
+        }
+    };
+    let mut argv = words(ENGINE_ARGS_ENV);
+    argv.extend(
+        [
+            "run",
+            "--rm",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--read-only",
+            "--tmpfs",
+            "/tmp:rw,nosuid,nodev,size=64m",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--user",
+            TOOL_USER,
+            "--pids-limit",
+            "256",
+            // Root may lack CAP_SYS_RESOURCE, and the engines' defaults can
+            // exceed the machine's limits: runc then fails to set them.
+            "--ulimit",
+            "nofile=1024:4096",
+            "--ulimit",
+            "nproc=1024:2048",
+        ]
+        .map(String::from),
+    );
+    argv.push("--memory".into());
+    argv.push(memory_flag(memory)?);
+    argv.push("--cpus".into());
+    argv.push(cpus_flag(cpu)?);
+    argv.push(format!("--pull={pull}"));
+    let mut client_env = Vec::new();
+    let mut tool_env: Vec<(String, String)> = vec![
+        ("HOME".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    for var in &spec.env {
+        let n = &var.name;
+        if n.is_empty() || n.contains(['=', '\0']) || n.chars().any(char::is_whitespace) {
+            return Err(format!("the tool's env has an invalid variable name {n:?}"));
+        }
+        if RESERVED.contains(&n.as_str()) {
+            return Err(format!(
+                "the tool's env sets {n}, which the runner sets itself; remove it"
+            ));
+        }
+        let value = var
+            .resolve(lookup)
+            .map_err(|e| format!("the tool's env: {e}"))?;
+        if value.contains('\0') {
+            return Err(format!("the tool's env: the value of {n} holds a NUL byte"));
+        }
+        tool_env.retain(|(k, _)| k != n);
+        tool_env.push((n.clone(), value));
+    }
+    tool_env.push(("AGENTS_TOKEN".into(), envelope.token.as_str().to_string()));
+    tool_env.push((
+        "AGENTS_ENVELOPE_VERSION".into(),
+        ENVELOPE_VERSION.to_string(),
+    ));
+    for (k, v) in tool_env {
+        argv.push("--env".into());
+        argv.push(k.clone());
+        client_env.push((k, v));
+    }
+    argv.extend(words(RUN_ARGS_ENV));
+    // Ends the engine's options: an image or command starting with `-` is
+    // not taken as a flag.
+    argv.push("--".into());
+    argv.push(spec.image.clone());
+    argv.extend(spec.command.iter().cloned());
+    argv.extend(spec.args.iter().cloned());
+    // The client itself inherits the worker's environment (it may need
+    // XDG_RUNTIME_DIR, DOCKER_HOST, ...); the container gets none of it.
+    Ok((argv, client_env))
+}
+
+/// A Kubernetes memory quantity (`128Mi`, `1Gi`, `500M`, `1048576`) as bytes.
+pub fn memory_flag(q: &str) -> Result<String, String> {
+    let q = q.trim();
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (num, mult) = units
+        .iter()
+        .find_map(|(u, m)| q.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((q, 1));
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|b| *b >= 6 * 1024 * 1024)
+        .map(|b| format!("{b}b"))
+        .ok_or_else(|| {
+            format!("the tool's memory limit {q:?} is not a quantity of at least 6Mi, like 128Mi")
+        })
+}
+
+/// A Kubernetes CPU quantity (`500m`, `2`, `0.5`) as `--cpus`.
+pub fn cpus_flag(q: &str) -> Result<String, String> {
+    let q = q.trim();
+    let cpus = match q.strip_suffix('m') {
+        Some(m) => m.parse::<u64>().ok().map(|m| m as f64 / 1000.0),
+        None => q.parse::<f64>().ok(),
+    };
+    cpus.filter(|c| c.is_finite() && *c >= 0.01)
+        .map(|c| format!("{c}"))
+        .ok_or_else(|| format!("the tool's cpu limit {q:?} is not a quantity like 500m or 2"))
+}
+
+/// `kill` then `rm -f`: a shell as the container's pid 1 ignores the
+/// SIGTERM `rm -f` starts with, which would cost the engine's grace period.
+async fn remove(engine: &Engine, name: &str) {
+    let extra = global_args();
+    for verb in [&["kill", name][..], &["rm", "-f", name][..]] {
+        let _ = Command::new(&engine.program)
+            .args(&extra)
+            .args(verb)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+fn global_args() -> Vec<String> {
+    std::env::var(ENGINE_ARGS_ENV)
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// Removes the container when the run is left without doing so (the
+/// future dropped mid-run): from a thread, since `Drop` cannot await.
+struct Remover(Option<(Engine, String)>);
+
+impl Drop for Remover {
+    fn drop(&mut self) {
+        if let Some((engine, name)) = self.0.take() {
+            let extra = global_args();
+            std::thread::spawn(move || {
+                for verb in [
+                    &["kill", name.as_str()][..],
+                    &["rm", "-f", name.as_str()][..],
+                ] {
+                    let _ = std::process::Command::new(&engine.program)
+                        .args(&extra)
+                        .args(verb)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::envelope::ContextSnapshot;
+    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
+    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
+    use std::collections::BTreeMap;
+
+    fn envelope() -> CallEnvelope {
+        CallEnvelope::new(
+            ContinuationToken("s-t1-c0".into()),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "t".into(),
+                arguments: "{}".into(),
+            },
+            ContextSnapshot {
+                session: SessionId("s".into()),
+                turn: 1,
+                call_id: CallId::new(1, 0),
+                agent: None,
+                idempotency_key: "s/t1-c0".into(),
+                params: BTreeMap::new(),
+            },
+            AppliedPolicy::default(),
+        )
+    }
+
+    #[test]
+    fn the_command_is_hardened_and_secrets_stay_off_the_command_line() {
+        let spec = IsolationSpec {
+            image: "agents.local/busybox:ci".into(),
+            command: vec!["sh".into(), "-c".into(), "cat".into()],
+            args: vec!["x".into()],
+            limits: [("memory".to_string(), "64Mi".to_string())].into(),
+            env: vec![
+                EnvVarSpec {
+                    name: "GREETING".into(),
+                    value: Some("hi".into()),
+                    ..Default::default()
+                },
+                EnvVarSpec {
+                    name: "TOKEN".into(),
+                    secret: Some(SecretKeyRef {
+                        name: "gh".into(),
+                        key: "token".into(),
+                    }),
+                    ..Default::default()
+                },
+            ],
+        };
+        let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
+        let (argv, env) = run_command("agents-s-t1-c0-a1", &envelope(), &spec, &lookup).unwrap();
+        let line = argv.join(" ");
+        for flag in [
+            "run --rm -i --name agents-s-t1-c0-a1",
+            "--network none",
+            "--read-only",
+            "--cap-drop ALL",
+            "--security-opt no-new-privileges",
+            "--user 65532:65532",
+            "--memory 67108864b",
+            "--cpus 0.5",
+            "--pull=never",
+            "--env GREETING",
+            "--env TOKEN",
+            "--env AGENTS_TOKEN",
+            "-- agents.local/busybox:ci sh -c cat x",
+        ] {
+            assert!(line.contains(flag), "{flag:?} missing from {line}");
+        }
+        assert!(!line.contains("s3cret") && !line.contains("hi "), "{line}");
+        assert!(env.contains(&("TOKEN".into(), "s3cret".into())));
+        assert!(env.contains(&("AGENTS_TOKEN".into(), "s-t1-c0".into())));
+        let missing = run_command("n", &envelope(), &spec, &|_| None).unwrap_err();
+        assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
+    }
+
+    #[test]
+    fn names_quantities_and_engines() {
+        assert_eq!(container_name("s-t1-c0", 2), "agents-s-t1-c0-a2");
+        let odd = container_name("a/b c", 1);
+        assert!(odd.starts_with("agents-a-b-c-a1-"), "{odd}");
+        assert_ne!(odd, container_name("a b/c", 1));
+        assert!(container_name(&"x".repeat(300), 1).len() < 110);
+        assert_eq!(memory_flag("1Gi").unwrap(), "1073741824b");
+        assert!(memory_flag("lots").is_err());
+        assert_eq!(cpus_flag("250m").unwrap(), "0.25");
+        assert_eq!(cpus_flag("2").unwrap(), "2");
+        let empty = std::ffi::OsStr::new("/nonexistent");
+        assert!(resolve_engine(None, empty).unwrap_err().contains("podman"));
+        assert!(resolve_engine(Some("none"), empty).is_err());
+        assert!(resolve_engine(Some("rkt"), empty).is_err());
+        assert!(resolve_engine(Some("docker"), empty).is_err());
+    }
+}
