@@ -313,11 +313,22 @@ pub async fn run_with(
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
-    let ready_store = sessions.clone();
+    // Ready once the API server answers this replica's list of Sessions
+    // (reachable, and its RBAC lets it read what it watches).
+    let probe = api::<Session>(&client, ns);
     let ready = health.clone();
     tokio::spawn(async move {
-        if ready_store.wait_until_ready().await.is_ok() {
-            ready.set_ready(true);
+        loop {
+            match probe.list(&kube::api::ListParams::default().limit(1)).await {
+                Ok(_) => {
+                    ready.set_ready(true);
+                    break;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot list sessions yet; not ready");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
         }
     });
     let sweep_guard = health.register_loop("sweep");
