@@ -173,27 +173,10 @@ pub async fn drive(
 ) -> Result<Outcome, DriveError> {
     let holder = Holder::cli();
     let roles = opts.roles.unwrap_or(Roles::ALL);
-    let model = AgentModel(&agent.model);
-    let tools = AgentTools(&agent.toolbox);
-    let runner = LocalRunner {
-        tools: &agent.toolbox,
-        process: &opts.runner,
-        container: &opts.container,
-    };
-    let clock = SystemClock;
-    let ports = Ports {
-        sessions: store,
-        continuations: store,
-        cache: store,
-        model: &model,
-        tools: &tools,
-        runner: &runner,
-        clock: &clock,
-        observer: &report,
-    };
     let rt = runtime(agent);
+    let clock = SystemClock;
     loop {
-        let step = engine::step(&ports, id, &rt, &holder, roles).await?;
+        let step = local_step(store, agent, &rt, id, opts, &holder, roles, report).await?;
         match step.outcome {
             StepOutcome::Succeeded { answer } => return Ok(Outcome::Succeeded { answer }),
             StepOutcome::Failed { reason } => return Ok(Outcome::Failed { reason }),
@@ -217,6 +200,39 @@ pub async fn drive(
     }
 }
 
+/// One engine step over the local ports (the store, the agent's model and
+/// tools, the process and container runners, the wall clock).
+#[allow(clippy::too_many_arguments)]
+async fn local_step(
+    store: &impl StorePorts,
+    agent: &RunnableAgent,
+    rt: &AgentRuntime,
+    id: &SessionId,
+    opts: &DriveOptions,
+    holder: &Holder,
+    roles: Roles,
+    report: &(dyn Fn(&Progress) + Send + Sync),
+) -> Result<engine::StepReport, DriveError> {
+    let model = AgentModel(&agent.model);
+    let tools = AgentTools(&agent.toolbox);
+    let runner = LocalRunner {
+        tools: &agent.toolbox,
+        process: &opts.runner,
+        container: &opts.container,
+    };
+    let ports = Ports {
+        sessions: store,
+        continuations: store,
+        cache: store,
+        model: &model,
+        tools: &tools,
+        runner: &runner,
+        clock: &SystemClock,
+        observer: &report,
+    };
+    engine::step(&ports, id, rt, holder, roles).await
+}
+
 /// Runs one step that starts no work: it takes in what the record's input
 /// says (messages, pause, resume, retry) and checkpoints.
 pub async fn sync_input(
@@ -229,26 +245,10 @@ pub async fn sync_input(
         background: false,
         isolated: false,
     };
-    let opts = DriveOptions::default();
-    let model = AgentModel(&agent.model);
-    let tools = AgentTools(&agent.toolbox);
-    let runner = LocalRunner {
-        tools: &agent.toolbox,
-        process: &opts.runner,
-        container: &opts.container,
-    };
     let quiet = |_: &Progress| {};
-    let ports = Ports {
-        sessions: store,
-        continuations: store,
-        cache: store,
-        model: &model,
-        tools: &tools,
-        runner: &runner,
-        clock: &SystemClock,
-        observer: &quiet,
-    };
-    let step = engine::step(&ports, id, &runtime(agent), &Holder::cli(), none).await?;
+    let rt = runtime(agent);
+    let opts = DriveOptions::default();
+    let step = local_step(store, agent, &rt, id, &opts, &Holder::cli(), none, &quiet).await?;
     Ok(step.state)
 }
 
