@@ -25,6 +25,7 @@
 //! the Lease is free at once, but the standby notices only when it next
 //! looks, at the old expiry at the latest.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -64,6 +65,7 @@ pub enum LeaseError {
 pub struct LeaderElection {
     identity: String,
     leading: watch::Receiver<bool>,
+    fence: Arc<LeaseFence>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -97,7 +99,12 @@ impl LeaderElection {
             })?;
         let (tx, leading) = watch::channel(false);
         let (stop, stopped) = oneshot::channel();
+        let fence = Arc::new(LeaseFence {
+            renewed: Mutex::new(None),
+            valid_for: duration - grace,
+        });
         let watchdog = Watchdog {
+            fence: fence.clone(),
             api: Api::namespaced(client, namespace),
             lease_name: lease_name.into(),
             identity: identity.into(),
@@ -123,6 +130,7 @@ impl LeaderElection {
         Ok(LeaderElection {
             identity: identity.into(),
             leading,
+            fence,
             stop: Some(stop),
             task: Some(task),
         })
@@ -153,6 +161,12 @@ impl LeaderElection {
 
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// The fence work is checked against: open while our last confirmed
+    /// renewal is younger than `duration - grace`.
+    pub fn fence(&self) -> Arc<LeaseFence> {
+        self.fence.clone()
     }
 
     /// Stops contending and releases the Lease if held, so a standby can take
@@ -221,7 +235,59 @@ enum Confirmed {
     RenewedAt(SystemTime),
 }
 
+/// Whether this replica may still start work, from the watchdog's last
+/// confirmed renewal of the Lease (and the generation it holds it in).
+/// Checked by the engine before every side effect, so a replica paused
+/// past its Lease (SIGSTOP, a GC pause, a frozen node) starts nothing when
+/// it wakes, even before its watchdog runs again.
+#[derive(Debug)]
+pub struct LeaseFence {
+    /// (renewed at, leaseTransitions) while we hold it; `None` otherwise.
+    renewed: Mutex<Option<(SystemTime, i64)>>,
+    valid_for: Duration,
+}
+
+impl LeaseFence {
+    /// A fence confirmed just now in generation `generation` (tests).
+    pub fn confirmed_now(generation: i64, valid_for: Duration) -> Self {
+        LeaseFence {
+            renewed: Mutex::new(Some((SystemTime::now(), generation))),
+            valid_for,
+        }
+    }
+
+    /// The Lease generation (`leaseTransitions`) we hold it in, if we do.
+    pub fn generation(&self) -> Option<i64> {
+        self.renewed.lock().expect("fence").map(|(_, g)| g)
+    }
+
+    fn set(&self, value: Option<(SystemTime, i64)>) {
+        *self.renewed.lock().expect("fence") = value;
+    }
+
+    fn check_at(&self, now: SystemTime) -> Result<(), String> {
+        match *self.renewed.lock().expect("fence") {
+            None => Err("this replica does not hold the leader Lease".into()),
+            Some((at, _)) => match now.duration_since(at) {
+                Ok(age) if age >= self.valid_for => Err(format!(
+                    "the leader Lease was last renewed {:.1}s ago, past its {}s validity minus grace",
+                    age.as_secs_f64(),
+                    self.valid_for.as_secs()
+                )),
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+impl crate::engine::holder::Fence for LeaseFence {
+    fn check(&self) -> Result<(), String> {
+        self.check_at(SystemTime::now())
+    }
+}
+
 struct Watchdog {
+    fence: Arc<LeaseFence>,
     api: Api<Lease>,
     lease_name: String,
     identity: String,
@@ -230,8 +296,8 @@ struct Watchdog {
 }
 
 enum Reading {
-    /// We hold it; renewed then.
-    Ours(SystemTime),
+    /// We hold it; renewed then, in this generation (`leaseTransitions`).
+    Ours(SystemTime, i64),
     /// Someone else holds it, or nobody.
     NotOurs(Option<String>),
     /// Could not read it.
@@ -245,9 +311,10 @@ impl Watchdog {
             Ok(lease) => {
                 let spec = lease.spec.unwrap_or_default();
                 match (spec.holder_identity, spec.renew_time) {
-                    (Some(h), Some(t)) if h == self.identity => {
-                        Reading::Ours(SystemTime::from(t.0))
-                    }
+                    (Some(h), Some(t)) if h == self.identity => Reading::Ours(
+                        SystemTime::from(t.0),
+                        spec.lease_transitions.unwrap_or(0).into(),
+                    ),
                     (holder, _) => Reading::NotOurs(holder),
                 }
             }
@@ -292,6 +359,9 @@ impl Watchdog {
             if !library_leads {
                 confirmed = Confirmed::No;
             }
+            if !leading {
+                self.fence.set(None);
+            }
             let check = async {
                 if library_leads {
                     tokio::time::sleep_until(next_check.into()).await
@@ -324,7 +394,8 @@ impl Watchdog {
                         Err(_) => Reading::Unknown(format!("no answer within {budget:?}")),
                     };
                     match reading {
-                        Reading::Ours(renewed) => {
+                        Reading::Ours(renewed, generation) => {
+                            self.fence.set(Some((renewed, generation)));
                             let fresh = match confirmed {
                                 Confirmed::RenewedAt(before) => renewed > before,
                                 Confirmed::No => true,
@@ -344,6 +415,7 @@ impl Watchdog {
                             tracing::warn!(identity = %self.identity, holder = ?holder,
                                 "leader election: the Lease is not ours any more");
                             confirmed = Confirmed::RenewedAt(SystemTime::UNIX_EPOCH);
+                            self.fence.set(None);
                             next_check = Instant::now() + RECHECK;
                         }
                         Reading::Unknown(e) => {
@@ -361,6 +433,7 @@ impl Watchdog {
                 }
             }
         }
+        self.fence.set(None);
         tx.send_replace(false);
     }
 }
@@ -368,6 +441,18 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fence_closes_once_the_renewal_is_older_than_duration_minus_grace() {
+        let fence = LeaseFence::confirmed_now(3, Duration::from_secs(10));
+        let t0 = fence.renewed.lock().unwrap().unwrap().0;
+        assert!(fence.check_at(t0 + Duration::from_secs(9)).is_ok());
+        let err = fence.check_at(t0 + Duration::from_secs(11)).unwrap_err();
+        assert!(err.contains("last renewed 11.0s ago"), "{err}");
+        assert_eq!(fence.generation(), Some(3));
+        fence.set(None);
+        assert!(fence.check_at(t0).unwrap_err().contains("does not hold"));
+    }
 
     #[test]
     fn settings_are_checked_with_clear_messages() {

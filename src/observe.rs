@@ -31,7 +31,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -246,6 +246,11 @@ struct HealthInner {
     ready: AtomicBool,
     /// Every registered loop by name: true while it runs.
     loops: Mutex<BTreeMap<String, bool>>,
+    /// Every link to the API server (a watch, the API probe) by name: since
+    /// when it has failed without a success in between, with its last error.
+    links: Mutex<BTreeMap<String, Option<(Instant, String)>>>,
+    /// How long a link may fail before the probes fail (none: never).
+    stall_bound: Mutex<Option<Duration>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -307,19 +312,88 @@ impl Health {
         }
     }
 
-    /// `Ok` while every registered loop runs; else the names of those that
-    /// stopped.
+    /// Links (watches, the API probe) failing for longer than `bound` make
+    /// `/healthz` and `/readyz` fail, so the kubelet restarts a stuck process.
+    pub fn set_stall_bound(&self, bound: Duration) {
+        *self.inner.stall_bound.lock().expect("health lock") = Some(bound);
+    }
+
+    /// A link to the API server worked (an event, a list, an answer).
+    pub fn link_ok(&self, name: &str) {
+        let mut links = self.inner.links.lock().expect("health lock");
+        match links.get_mut(name) {
+            Some(state) if state.is_none() => {}
+            Some(state) => {
+                tracing::info!(link = name, "the API server answers again");
+                *state = None;
+            }
+            None => {
+                links.insert(name.to_string(), None);
+            }
+        }
+    }
+
+    /// A link to the API server failed; it counts as failing from the first
+    /// failure after its last success.
+    pub fn link_failed(&self, name: &str, error: &str) {
+        let mut links = self.inner.links.lock().expect("health lock");
+        let state = links.entry(name.to_string()).or_insert(None);
+        match state {
+            Some((_, last)) => *last = error.to_string(),
+            None => *state = Some((Instant::now(), error.to_string())),
+        }
+    }
+
+    /// The links failing for longer than the stall bound, with their error.
+    fn stalled(&self) -> Vec<String> {
+        let Some(bound) = *self.inner.stall_bound.lock().expect("health lock") else {
+            return Vec::new();
+        };
+        let links = self.inner.links.lock().expect("health lock");
+        links
+            .iter()
+            .filter_map(|(name, state)| {
+                let (since, error) = state.as_ref()?;
+                let failing = since.elapsed();
+                (failing > bound).then(|| {
+                    format!(
+                        "{name} failing for {}s (bound {}s): {error}",
+                        failing.as_secs(),
+                        bound.as_secs()
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// `Ok` while every registered loop runs and no link to the API server
+    /// has failed for longer than the stall bound; else what is wrong.
     pub fn liveness(&self) -> Result<(), Vec<String>> {
         let loops = self.inner.loops.lock().expect("health lock");
-        let stopped: Vec<String> = loops
+        let mut wrong: Vec<String> = loops
             .iter()
             .filter(|(_, alive)| !**alive)
-            .map(|(name, _)| name.clone())
+            .map(|(name, _)| format!("stopped: {name}"))
             .collect();
-        if stopped.is_empty() {
+        drop(loops);
+        wrong.extend(self.stalled());
+        if wrong.is_empty() {
             Ok(())
         } else {
-            Err(stopped)
+            Err(wrong)
+        }
+    }
+
+    /// `Ok` when ready and no link has stalled; else why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_ready() {
+            return Err("the controller caches have not synced yet".into());
+        }
+        let stalled = self.stalled();
+        if stalled.is_empty() {
+            Ok(())
+        } else {
+            Err(stalled.join("; "))
         }
     }
 }
@@ -422,21 +496,18 @@ fn route(req: &Request<Incoming>, metrics: &Metrics, health: &Health) -> Respons
         }
         "/healthz" => match health.liveness() {
             Ok(()) => text(StatusCode::OK, "ok\n"),
-            Err(stopped) => text(
+            Err(wrong) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("unhealthy: stopped: {}\n", stopped.join(", ")),
+                format!("unhealthy: {}\n", wrong.join("; ")),
             ),
         },
-        "/readyz" => {
-            if health.is_ready() {
-                text(StatusCode::OK, "ready\n")
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: the controller caches have not synced yet\n",
-                )
-            }
-        }
+        "/readyz" => match health.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
         other => text(
             StatusCode::NOT_FOUND,
             format!("no such path {other}; try /metrics, /healthz or /readyz\n"),
@@ -565,7 +636,7 @@ mod tests {
         let (_, _, body) = get(addr, "/healthz").await;
         assert_eq!(
             body,
-            "unhealthy: stopped: leader-election, session-controller\n"
+            "unhealthy: stopped: leader-election; stopped: session-controller\n"
         );
 
         let _again = health.register_loop("leader-election");
@@ -574,6 +645,35 @@ mod tests {
             (status, body.as_str()),
             (503, "unhealthy: stopped: session-controller\n")
         );
+    }
+
+    #[tokio::test]
+    async fn probes_fail_while_a_link_fails_past_the_bound_and_pass_once_it_recovers() {
+        let (addr, _metrics, health) = start().await;
+        health.set_ready(true);
+        health.set_stall_bound(Duration::from_millis(200));
+        health.link_ok("watch sessions");
+        health.link_failed("watch sessions", "client error (Connect)");
+        // Within the bound: a blip is no reason to restart.
+        assert_eq!(get(addr, "/healthz").await.0, 200);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        health.link_failed("watch sessions", "client error (SendRequest)");
+        let (status, _, body) = get(addr, "/healthz").await;
+        assert_eq!(status, 503);
+        assert!(
+            body.contains("watch sessions failing for") && body.contains("(SendRequest)"),
+            "{body}"
+        );
+        let (status, _, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 503);
+        assert!(body.contains("watch sessions failing"), "{body}");
+        health.link_ok("watch sessions");
+        assert_eq!(get(addr, "/healthz").await.0, 200);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+        // The failure clock starts again at the next failure.
+        health.link_failed("watch sessions", "again");
+        assert_eq!(get(addr, "/healthz").await.0, 200);
     }
 
     #[tokio::test]

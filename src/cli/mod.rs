@@ -97,6 +97,21 @@ pub struct OperatorArgs {
     /// Serve /metrics, /healthz and /readyz on this address.
     #[arg(long, env = "AGENTS_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     pub metrics_addr: String,
+    /// Reconcile every session that is not final at least this often (a
+    /// safety net under the watches; a step with nothing to do writes nothing).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_seconds: u64,
+    /// At most this many resync reconciles a second.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub resync_rate: u32,
+    /// /healthz and /readyz fail once a watch or the API probe has failed for
+    /// longer than this, so the kubelet restarts an operator cut off from its
+    /// API server.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_seconds: u64,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
     /// Log lines as `text` or `json` (also AGENTS_LOG_FORMAT).
     #[arg(long, value_parser = ["text", "json"])]
     pub log_format: Option<String>,

@@ -35,6 +35,10 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
             grace: std::time::Duration::from_secs(args.lease_grace_seconds),
         }),
         metrics_addr,
+        resync: std::time::Duration::from_secs(args.resync_seconds),
+        resync_rate: args.resync_rate,
+        stall_bound: std::time::Duration::from_secs(args.stall_seconds),
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

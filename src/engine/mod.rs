@@ -112,6 +112,10 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error("session {0} kept changing under this driver ({MAX_CONFLICTS} reloads); try again")]
     TooManyConflicts(SessionId),
+    /// This driver may no longer start work (its Lease lapsed): the claim
+    /// it committed stays, and the driver that leads now takes it over.
+    #[error("not starting work on session {session}: {why}")]
+    Fenced { session: SessionId, why: String },
 }
 
 /// One engine step on session `id`.
@@ -311,6 +315,7 @@ async fn step_once(
             }
             let ctx = StepContext {
                 agent,
+                holder,
                 owner: &owner,
                 sid: &sid,
                 known_waits: &known_waits,
@@ -451,6 +456,7 @@ fn apply_record(
 /// What every action of one step shares.
 struct StepContext<'a> {
     agent: &'a AgentRuntime,
+    holder: &'a Holder,
     owner: &'a SessionRef,
     sid: &'a str,
     known_waits: &'a [(ContinuationToken, Option<WaitingFor>)],
@@ -462,8 +468,16 @@ async fn perform(
     session: &mut Session,
     action: Action,
     replay: &mut Vec<Event>,
-) -> Result<(), StoreError> {
+) -> Result<(), EngineError> {
     let (agent, owner, sid) = (ctx.agent, ctx.owner, ctx.sid);
+    if starts_work(&action) {
+        // Fencing: the claim for this work committed, but a driver that
+        // lost its Lease meanwhile (paused past it) must not start it.
+        ctx.holder.may_act().map_err(|why| EngineError::Fenced {
+            session: SessionId(sid.to_string()),
+            why,
+        })?;
+    }
     match action {
         Action::Checkpoint => unreachable!("handled by the step"),
         Action::CallModel { turn } => {
@@ -674,6 +688,18 @@ async fn perform(
         Action::Finished { .. } | Action::Failed { .. } => {}
     }
     Ok(())
+}
+
+/// Actions with effects outside the store: a model call, a tool run, a
+/// background or isolated attempt.
+fn starts_work(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::CallModel { .. }
+            | Action::RunTool { .. }
+            | Action::RunInBackground { .. }
+            | Action::LaunchIsolated { .. }
+    )
 }
 
 fn attempt_timeout(envelope: &crate::core::envelope::CallEnvelope) -> Duration {

@@ -26,18 +26,29 @@ pub fn controller(
     client: &kube::Client,
     namespace: Option<&str>,
     ctx: Arc<Context>,
+    health: &crate::observe::Health,
 ) -> impl Future<Output = ()> {
-    Controller::new(
+    use kube::runtime::WatchStreamExt;
+    let (store, writer) = kube::runtime::reflector::store::<Agent>();
+    let events = super::tracked_watch(
         super::api::<Agent>(client, namespace),
         watcher::Config::default(),
+        health,
+        format!(
+            "watch agents (agent controller)/{}",
+            namespace.unwrap_or("all")
+        ),
     )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx)
-    .for_each(|res| async move {
-        if let Err(e) = res {
-            debug!(error = %e, "agent reconcile not done");
-        }
-    })
+    .reflect(writer)
+    .applied_objects();
+    Controller::for_stream(events, store)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "agent reconcile not done");
+            }
+        })
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -25,6 +25,7 @@ use crate::api::agent::ModelProvider;
 use crate::api::{Agent, AgentSpec, Continuation, Session};
 use crate::core::conditions::{Condition, Status};
 use crate::core::SessionId;
+use crate::engine::holder::OperatorIdentity;
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, StepOutcome, SystemClock,
 };
@@ -42,7 +43,8 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -58,6 +60,15 @@ const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Recheck of a session whose agent or Secret is missing (the Agent watch
 /// wakes it sooner; Secrets are not watched: `get` is all we may do).
 const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
+/// Requests that get no answer within this long fail (and are retried),
+/// instead of hanging on a dead connection.
+const API_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the API server may hold a watch open before it ends it (the
+/// client's idle timeout is this plus a margin).
+const WATCH_TIMEOUT_SECS: u32 = 240;
+/// How often the API probe lists one Session, and how long it waits.
+const API_PROBE_PERIOD: Duration = Duration::from_secs(5);
+const API_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Recheck of a session whose spec is invalid: it changes only by an edit,
 /// which the watch delivers.
 const INVALID_RECHECK: Duration = Duration::from_secs(300);
@@ -80,6 +91,15 @@ pub struct Options {
     pub leader_election: Option<LeaseOptions>,
     /// Where /metrics, /healthz and /readyz are served.
     pub metrics_addr: std::net::SocketAddr,
+    /// Every session that is not final is reconciled at least this often.
+    pub resync: Duration,
+    /// At most this many resync reconciles a second.
+    pub resync_rate: u32,
+    /// /healthz and /readyz fail once a watch or the API probe has failed
+    /// for longer than this.
+    pub stall_bound: Duration,
+    /// Reconciles running at once (0: unbounded).
+    pub max_concurrent_reconciles: u16,
 }
 
 impl Default for Options {
@@ -92,6 +112,10 @@ impl Default for Options {
             model_timeout_secs: None,
             leader_election: None,
             metrics_addr: ([127, 0, 0, 1], 0).into(),
+            resync: Duration::from_secs(300),
+            resync_rate: 50,
+            stall_bound: Duration::from_secs(60),
+            max_concurrent_reconciles: 16,
         }
     }
 }
@@ -146,37 +170,36 @@ impl Error {
     }
 }
 
-/// This replica's stable identity: the pod name, else the host name.
-pub fn identity() -> String {
-    std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
-        .unwrap_or_else(|| "operator".into())
+/// The name this replica takes in the leader Lease: the pod name in a pod
+/// (unique in its namespace, where the Lease lives), else what makes this
+/// process distinct (host, pid, start time).
+pub fn lease_identity(identity: &OperatorIdentity) -> String {
+    match identity {
+        OperatorIdentity::Pod { name, .. } => name.clone(),
+        other => other.render(),
+    }
 }
 
 /// Runs the controllers until SIGINT/SIGTERM: serves /metrics, /healthz
 /// and /readyz, and with leader election reconciles only while leading
-/// (the process exits when it loses the Lease; its claims keep a stale
-/// leader's work from running twice).
+/// (the process exits when it loses the Lease; the fence stops it from
+/// starting work before that, and its claims keep its work from running
+/// twice).
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let client = Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
-    })?;
+    let client = client().await?;
     let metrics = Arc::new(crate::observe::Metrics::new());
     let health = crate::observe::Health::new();
+    health.set_stall_bound(opts.stall_bound);
     let server = crate::observe::MetricsServer::bind(opts.metrics_addr)
         .await
         .map_err(|e| anyhow::anyhow!("--metrics-addr {}: {e}", opts.metrics_addr))?;
     info!(addr = %server.local_addr()?, "serving /metrics, /healthz, /readyz");
     tokio::spawn(server.run(metrics.clone(), health.clone()));
+    let identity = OperatorIdentity::current();
     let Some(lease) = opts.leader_election.clone() else {
         metrics.set_leader(true);
-        return run_controllers(client, opts, metrics, health).await;
+        let holder = Holder::operator(&identity);
+        return run_controllers(client, opts, metrics, health, holder).await;
     };
     // A standby is ready (it serves nothing but must not block a rollout).
     health.set_ready(true);
@@ -188,7 +211,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         client.clone(),
         &lease_ns,
         &lease.name,
-        &identity(),
+        &lease_identity(&identity),
         lease.duration,
         lease.grace,
     )
@@ -208,19 +231,41 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         _ = election.elected() => {}
         _ = tokio::signal::ctrl_c() => { election.shutdown().await; return Ok(()); }
     }
-    info!(lease = %lease.name, "leading");
+    let fence = election.fence();
+    let generation = fence.generation().unwrap_or_default();
+    info!(lease = %lease.name, generation, "leading");
+    let holder = Holder::elected_operator(&identity, generation, fence);
     let lost = tokio::select! {
-        r = run_controllers(client, opts, metrics, health) => { r?; false }
+        r = run_controllers(client, opts, metrics, health, holder) => { r?; false }
         _ = election.lost() => true,
     };
     if lost {
-        // Work under way keeps its claims; the next leader takes it over
-        // when they lapse. Exiting ends every task of this process.
+        // Work under way keeps its claims; the next leader (a later
+        // generation) voids them at once. Exiting ends every task.
         warn!("lost the lease; exiting");
         std::process::exit(1);
     }
     election.shutdown().await;
     Ok(())
+}
+
+/// The API client, from KUBECONFIG or the pod's service account.
+async fn client() -> anyhow::Result<Client> {
+    let config = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
+    })?;
+    Ok(Client::try_from(resilient(config))?)
+}
+
+/// Client settings that let the operator outlive its API server.
+fn resilient(mut config: kube::Config) -> kube::Config {
+    // A request that gets no answer (a dead peer, dropped packets) fails
+    // after this long instead of hanging a reconcile; watches have their
+    // own idle timeout. The connect timeout bounds a SYN into the void.
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(API_READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    config
 }
 
 /// One controller set per watched namespace (or one for all).
@@ -229,6 +274,7 @@ async fn run_controllers(
     opts: Options,
     metrics: Arc<crate::observe::Metrics>,
     health: crate::observe::Health,
+    holder: Holder,
 ) -> anyhow::Result<()> {
     let scopes: Vec<Option<String>> = if opts.namespaces.is_empty() {
         vec![None]
@@ -242,6 +288,7 @@ async fn run_controllers(
             opts.clone(),
             metrics.clone(),
             health.clone(),
+            holder.clone(),
         )
     });
     for r in futures::future::join_all(runs).await {
@@ -261,38 +308,65 @@ where
     }
 }
 
+/// A watch of `api` that re-establishes itself with backoff (re-listing
+/// when its resource version is gone) and reports every event and error
+/// to `health` under `name`.
+fn tracked_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    health: &crate::observe::Health,
+    name: String,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let health = health.clone();
+    watcher(api, config.timeout(WATCH_TIMEOUT_SECS))
+        .default_backoff()
+        .inspect(move |event| match event {
+            Ok(_) => health.link_ok(&name),
+            Err(e) => {
+                warn!(watch = %name, error = %e, "watch failed; re-establishing with backoff");
+                health.link_failed(&name, &e.to_string());
+            }
+        })
+}
+
 pub async fn run_with(
     client: Client,
     namespace: Option<String>,
     opts: Options,
     metrics: Arc<crate::observe::Metrics>,
     health: crate::observe::Health,
+    holder: Holder,
 ) -> anyhow::Result<()> {
     let ns = namespace.as_deref();
-    let identity = identity();
-    let holder = if opts.leader_election.is_some() {
-        // Runs only once elected (see `run`).
-        Holder::elected_operator(&identity)
-    } else {
-        Holder::operator(&identity)
-    };
+    let scope = ns.unwrap_or("all").to_string();
     info!(
         holder = holder.name(),
         namespace = ns.unwrap_or("(all)"),
         "operator starting"
     );
-    let controller = Controller::new(api::<Session>(&client, ns), watcher::Config::default());
-    let sessions = controller.store();
+    let (sessions, writer) = kube::runtime::reflector::store::<Session>();
+    let session_events = tracked_watch(
+        api::<Session>(&client, ns),
+        watcher::Config::default(),
+        &health,
+        format!("watch sessions/{scope}"),
+    )
+    .reflect(writer)
+    .applied_objects();
+    let controller = Controller::for_stream(session_events, sessions.clone());
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Session>>();
-    let background = Arc::new(Background::new(wake_tx));
+    let background = Arc::new(Background::new(wake_tx.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        holder,
+        holder: holder.clone(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
                 controller: CONTROLLER_NAME.into(),
-                instance: Some(identity),
+                instance: Some(lease_identity(&OperatorIdentity::current())),
             },
         ),
         background: background.clone(),
@@ -313,59 +387,78 @@ pub async fn run_with(
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
-    // Ready once the API server answers this replica's list of Sessions
-    // (reachable, and its RBAC lets it read what it watches).
-    let probe = api::<Session>(&client, ns);
-    let ready = health.clone();
-    tokio::spawn(async move {
-        loop {
-            match probe.list(&kube::api::ListParams::default().limit(1)).await {
-                Ok(_) => {
-                    ready.set_ready(true);
-                    break;
-                }
-                Err(e) => {
-                    warn!(error = %e, "cannot list sessions yet; not ready");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            }
-        }
-    });
+    tokio::spawn(api_probe(
+        api::<Session>(&client, ns),
+        health.clone(),
+        format!("list sessions/{scope}"),
+    ));
     let sweep_guard = health.register_loop("sweep");
     let swept = sessions.clone();
     tokio::spawn(async move {
         let _guard = sweep_guard;
         sweep_loop(background, swept).await
     });
-    let controller_guard = health.register_loop(&format!("sessions/{}", ns.unwrap_or("all")));
+    let resync_guard = health.register_loop(&format!("resync/{scope}"));
+    let resynced = sessions.clone();
+    let (period, rate) = (opts.resync, opts.resync_rate);
+    let resync_tx = wake_tx.clone();
+    tokio::spawn(async move {
+        let _guard = resync_guard;
+        resync_loop(resynced, resync_tx, period, rate).await
+    });
+    let controller_guard = health.register_loop(&format!("sessions/{scope}"));
     let wakes =
         futures::stream::unfold(
             wake_rx,
             |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
         );
     let by_agent = sessions.clone();
-    let agents = agents::controller(&client, ns, ctx.clone());
+    let agents = agents::controller(&client, ns, ctx.clone(), &health);
+    let job_selector = watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR);
     let sessions_controller = controller
-        .owns(api::<Continuation>(&client, ns), watcher::Config::default())
-        .watches(
-            api::<Agent>(&client, ns),
-            watcher::Config::default(),
+        .owns_stream(
+            tracked_watch(
+                api::<Continuation>(&client, ns),
+                watcher::Config::default(),
+                &health,
+                format!("watch continuations/{scope}"),
+            )
+            .touched_objects(),
+        )
+        .watches_stream(
+            tracked_watch(
+                api::<Agent>(&client, ns),
+                watcher::Config::default(),
+                &health,
+                format!("watch agents/{scope}"),
+            )
+            .touched_objects(),
             move |agent: Agent| sessions_using(&by_agent, &agent),
         )
         // A tool Job or its pod changing (done, failed, stuck on its
         // image) steps its session: the result is read at once.
-        .watches(
-            api::<k8s_openapi::api::batch::v1::Job>(&client, ns),
-            watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR),
+        .watches_stream(
+            tracked_watch(
+                api::<k8s_openapi::api::batch::v1::Job>(&client, ns),
+                job_selector.clone(),
+                &health,
+                format!("watch jobs/{scope}"),
+            )
+            .touched_objects(),
             |job| session_of_tool(&job),
         )
-        .watches(
-            api::<k8s_openapi::api::core::v1::Pod>(&client, ns),
-            watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR),
+        .watches_stream(
+            tracked_watch(
+                api::<k8s_openapi::api::core::v1::Pod>(&client, ns),
+                job_selector,
+                &health,
+                format!("watch pods/{scope}"),
+            )
+            .touched_objects(),
             |pod| session_of_tool(&pod),
         )
         .reconcile_on(wakes)
-        .with_config(controller::Config::default())
+        .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -378,6 +471,74 @@ pub async fn run_with(
     drop(controller_guard);
     info!("operator stopped");
     Ok(())
+}
+
+/// Readiness and a health signal independent of watch traffic: lists one
+/// Session every few seconds through the operator's own client. Ready once
+/// it first answers (reachable, and RBAC lets this replica read what it
+/// watches); its failures count against the stall bound.
+async fn api_probe(probe: Api<Session>, health: crate::observe::Health, name: String) {
+    loop {
+        let listed = tokio::time::timeout(
+            API_PROBE_TIMEOUT,
+            probe.list_metadata(&kube::api::ListParams::default().limit(1)),
+        )
+        .await;
+        match listed {
+            Ok(Ok(_)) => {
+                health.set_ready(true);
+                health.link_ok(&name);
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot list sessions");
+                health.link_failed(&name, &e.to_string());
+            }
+            Err(_) => {
+                warn!("listing sessions got no answer within {API_PROBE_TIMEOUT:?}");
+                health.link_failed(&name, "no answer");
+            }
+        }
+        tokio::time::sleep(API_PROBE_PERIOD).await;
+    }
+}
+
+/// The safety net under the watches: every session that is not final is
+/// reconciled at least once per `period`, at most `rate` a second, so a
+/// missed event strands nothing. A step that finds nothing to do writes
+/// nothing.
+async fn resync_loop(
+    sessions: Store<Session>,
+    wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Session>>,
+    period: Duration,
+    rate: u32,
+) {
+    let pace = Duration::from_secs(1) / rate.max(1);
+    loop {
+        tokio::time::sleep(period).await;
+        let due: Vec<ObjectRef<Session>> = sessions
+            .state()
+            .iter()
+            .filter(|s| !is_final(s))
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect();
+        debug!(sessions = due.len(), "resync");
+        for session in due {
+            if wake.send(session).is_err() {
+                return;
+            }
+            tokio::time::sleep(pace).await;
+        }
+    }
+}
+
+/// Succeeded or Failed: nothing moves it on but an edit, which the watch
+/// delivers.
+fn is_final(session: &Session) -> bool {
+    use crate::api::session::SessionPhase;
+    session
+        .status
+        .as_ref()
+        .is_some_and(|s| matches!(s.phase, SessionPhase::Succeeded | SessionPhase::Failed))
 }
 
 async fn sweep_loop(background: Arc<Background>, sessions: Store<Session>) {
@@ -791,6 +952,7 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
     ctx.metrics.reconciled(false);
     ctx.metrics.reconcile_error(match error {
         Error::Engine(EngineError::TooManyConflicts(_)) => "conflicts",
+        Error::Engine(EngineError::Fenced { .. }) => "fenced",
         Error::Engine(EngineError::Store(_)) | Error::Store(_) => "store",
         Error::Kube(_) => "api",
         Error::NoNamespace(_) => "spec",

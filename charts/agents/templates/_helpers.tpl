@@ -83,6 +83,12 @@ app.kubernetes.io/component: operator
 - {{ printf "--job-memory-limit=%v" .Values.operator.jobDefaults.memoryLimit | quote }}
 - --job-active-deadline-seconds={{ .Values.operator.jobDefaults.activeDeadlineSeconds | int }}
 - --model-timeout-seconds={{ .Values.operator.modelTimeoutSeconds | int }}
+{{- with .Values.operator.resyncSeconds }}
+- --resync-seconds={{ . | int }}
+{{- end }}
+{{- with .Values.operator.stallSeconds }}
+- --stall-seconds={{ . | int }}
+{{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
