@@ -23,7 +23,9 @@ HELM_BIN=$CACHE/helm-$HELM_VERSION
 
 # Network: everything lives on interfaces these scripts create.
 BRIDGE=agents0              # pod bridge (CNI bridge plugin reuses it)
-BRIDGE_IP=10.244.0.1        # gateway + API server advertise address
+BRIDGE_IP=10.244.0.1        # gateway + API server advertise address (for pods)
+API_PORT=6443
+API_URL=https://127.0.0.1:$API_PORT   # host clients: loopback only (kubeconfigs, readiness, tests)
 POD_CIDR=10.244.0.0/24
 SVC_CIDR=10.96.0.0/16
 NODE_NAME=agents-node
