@@ -66,6 +66,8 @@ const API_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the API server may hold a watch open before it ends it (the
 /// client's idle timeout is this plus a margin).
 const WATCH_TIMEOUT_SECS: u32 = 240;
+/// The longest pause between two attempts of one watch.
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often the API probe lists one Session, and how long it waits.
 const API_PROBE_PERIOD: Duration = Duration::from_secs(5);
 const API_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -308,9 +310,16 @@ where
     }
 }
 
-/// A watch of `api` that re-establishes itself with backoff (re-listing
-/// when its resource version is gone) and reports every event and error
-/// to `health` under `name`.
+/// A watch of `api` that re-establishes itself with its own backoff
+/// (re-listing when its resource version is gone), reports every event and
+/// error to `health` under `name`, and passes on events only.
+///
+/// Errors never reach the controller. kube-runtime pauses its whole merged
+/// trigger stream (every watch, and the wake-ups) for a backoff that grows
+/// with each error of any watch; while paused, requests that other watches
+/// had begun are not polled, so the API server drops their TLS handshakes
+/// (10 s) and they fail too at the next wake-up. After an API server
+/// restart that loop never reset: the operator stalled for good.
 fn tracked_watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -322,7 +331,7 @@ where
 {
     let health = health.clone();
     watcher(api, config.timeout(WATCH_TIMEOUT_SECS))
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .inspect(move |event| match event {
             Ok(_) => health.link_ok(&name),
             Err(e) => {
@@ -330,6 +339,32 @@ where
                 health.link_failed(&name, &e.to_string());
             }
         })
+        .filter(|event| futures::future::ready(event.is_ok()))
+}
+
+/// Backoff between attempts of one watch: 250 ms doubling to 5 s, with
+/// jitter, reset by any event. Short, so a watch is back within seconds of
+/// its API server; each watch retries on its own.
+#[derive(Debug, Default)]
+struct WatchBackoff {
+    failures: u32,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let full = Duration::from_millis(250u64 << self.failures.min(5)).min(WATCH_BACKOFF_MAX);
+        self.failures = self.failures.saturating_add(1);
+        // Half to all of it, so watches that failed together retry apart.
+        let jitter = uuid::Uuid::new_v4().as_bytes()[0] as u32;
+        Some(full / 2 + full / 2 * jitter / 255)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
 }
 
 pub async fn run_with(
