@@ -44,6 +44,8 @@ use tracing::{debug, info, warn};
 
 /// Reloads after a lost compare-and-swap before the step gives up.
 const MAX_CONFLICTS: usize = 16;
+/// How long a checkpoint waits for a store that is unavailable for now.
+const CHECKPOINT_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Which kinds of work this driver starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,6 +217,7 @@ fn claim_holders(state: &SessionState) -> Vec<&str> {
 
 struct Checkpointer<'p> {
     sessions: &'p dyn SessionPort,
+    clock: &'p dyn Clock,
     record: SessionRecord,
     version: Version,
     writes: u32,
@@ -232,10 +235,36 @@ impl Checkpointer<'_> {
         let mut next = self.record.clone();
         next.state = state.clone();
         next.updated_at = now;
-        self.version = self.sessions.save(&next, &self.version).await?;
+        self.version = self.save_patiently(&next).await?;
         self.record = next;
         self.writes += 1;
         Ok(true)
+    }
+
+    /// A checkpoint may carry what cannot be had again for free (a model's
+    /// reply): a store that is briefly away (an API server restart, a
+    /// throttle) is waited for, up to [`CHECKPOINT_PATIENCE`]. The write is
+    /// a compare-and-swap, so a retry after a write that did land but whose
+    /// answer was lost comes back as a conflict, and the step replays.
+    async fn save_patiently(&self, next: &SessionRecord) -> Result<Version, StoreError> {
+        let deadline = self.clock.now().0 + CHECKPOINT_PATIENCE.as_millis() as i64;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            match self.sessions.save(next, &self.version).await {
+                Err(e)
+                    if e.is_transient()
+                        && self.clock.now().0 + (pause.as_millis() as i64) < deadline =>
+                {
+                    warn!(session = %next.state.id, error = %e, retry_in = ?pause, "checkpoint not written; retrying");
+                    let now = self.clock.now();
+                    self.clock
+                        .sleep_until(crate::core::Millis(now.0 + pause.as_millis() as i64))
+                        .await;
+                    pause = (pause * 2).min(Duration::from_secs(3));
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -297,6 +326,7 @@ async fn step_once(
     session.replan(now);
     let mut cp = Checkpointer {
         sessions: p.sessions,
+        clock: p.clock,
         record,
         version: loaded.version,
         writes: 0,

@@ -160,6 +160,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API server (or its etcd) is away or throttling for now.
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Store(e) | Error::Engine(EngineError::Store(e)) => e.is_transient(),
+            Error::Kube(kube::Error::Api(s)) => s.code == 429 || s.code >= 500,
+            Error::Kube(_) => true,
+            _ => false,
+        }
+    }
+
     /// Errors that retrying soon will not fix (stored data that cannot be
     /// read); everything else (API errors, conflicts) is retried with backoff.
     fn is_permanent(&self) -> bool {
@@ -188,7 +198,8 @@ pub fn lease_identity(identity: &OperatorIdentity) -> String {
 /// starting work before that, and its claims keep its work from running
 /// twice).
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let client = client().await?;
+    let clients = clients().await?;
+    let client = clients.requests.clone();
     let metrics = Arc::new(crate::observe::Metrics::new());
     let health = crate::observe::Health::new();
     health.set_stall_bound(opts.stall_bound);
@@ -201,7 +212,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let Some(lease) = opts.leader_election.clone() else {
         metrics.set_leader(true);
         let holder = Holder::operator(&identity);
-        return run_controllers(client, opts, metrics, health, holder).await;
+        return run_controllers(clients, opts, metrics, health, holder).await;
     };
     // A standby is ready (it serves nothing but must not block a rollout).
     health.set_ready(true);
@@ -238,7 +249,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     info!(lease = %lease.name, generation, "leading");
     let holder = Holder::elected_operator(&identity, generation, fence);
     let lost = tokio::select! {
-        r = run_controllers(client, opts, metrics, health, holder) => { r?; false }
+        r = run_controllers(clients, opts, metrics, health, holder) => { r?; false }
         _ = election.lost() => true,
     };
     if lost {
@@ -251,28 +262,35 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The API client, from KUBECONFIG or the pod's service account.
-async fn client() -> anyhow::Result<Client> {
-    let config = kube::Config::infer().await.map_err(|e| {
-        anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
-    })?;
-    Ok(Client::try_from(resilient(config))?)
+/// The operator's two API clients, from KUBECONFIG or the pod's service
+/// account: one for requests, one for watches.
+#[derive(Clone)]
+pub struct Clients {
+    /// Reads and writes: a request that gets no answer (a dead peer,
+    /// dropped packets) fails after [`API_READ_TIMEOUT`] instead of holding
+    /// a reconcile for the kernel's TCP timeout (about 15 minutes).
+    pub requests: Client,
+    /// Watches: no read timeout (a quiet watch is not a dead one); the
+    /// watcher's own idle timeout ends a watch that went silent.
+    pub watches: Client,
 }
 
-/// Client settings that let the operator outlive its API server.
-fn resilient(mut config: kube::Config) -> kube::Config {
-    // A request that gets no answer (a dead peer, dropped packets) fails
-    // after this long instead of hanging a reconcile; watches have their
-    // own idle timeout. The connect timeout bounds a SYN into the void.
+async fn clients() -> anyhow::Result<Clients> {
+    let mut config = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
+    })?;
+    // A SYN into the void fails fast, and is retried with backoff.
     config.connect_timeout = Some(Duration::from_secs(5));
+    let watches = Client::try_from(config.clone())?;
     config.read_timeout = Some(API_READ_TIMEOUT);
     config.reset_reader_on_write = true;
-    config
+    let requests = Client::try_from(config)?;
+    Ok(Clients { requests, watches })
 }
 
 /// One controller set per watched namespace (or one for all).
 async fn run_controllers(
-    client: Client,
+    clients: Clients,
     opts: Options,
     metrics: Arc<crate::observe::Metrics>,
     health: crate::observe::Health,
@@ -285,7 +303,7 @@ async fn run_controllers(
     };
     let runs = scopes.into_iter().map(|ns| {
         run_with(
-            client.clone(),
+            clients.clone(),
             ns,
             opts.clone(),
             metrics.clone(),
@@ -368,7 +386,7 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 }
 
 pub async fn run_with(
-    client: Client,
+    clients: Clients,
     namespace: Option<String>,
     opts: Options,
     metrics: Arc<crate::observe::Metrics>,
@@ -377,6 +395,7 @@ pub async fn run_with(
 ) -> anyhow::Result<()> {
     let ns = namespace.as_deref();
     let scope = ns.unwrap_or("all").to_string();
+    let (client, watching) = (clients.requests, clients.watches);
     info!(
         holder = holder.name(),
         namespace = ns.unwrap_or("(all)"),
@@ -384,7 +403,7 @@ pub async fn run_with(
     );
     let (sessions, writer) = kube::runtime::reflector::store::<Session>();
     let session_events = tracked_watch(
-        api::<Session>(&client, ns),
+        api::<Session>(&watching, ns),
         watcher::Config::default(),
         &health,
         format!("watch sessions/{scope}"),
@@ -448,12 +467,12 @@ pub async fn run_with(
             |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
         );
     let by_agent = sessions.clone();
-    let agents = agents::controller(&client, ns, ctx.clone(), &health);
+    let agents = agents::controller(&watching, ns, ctx.clone(), &health);
     let job_selector = watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR);
     let sessions_controller = controller
         .owns_stream(
             tracked_watch(
-                api::<Continuation>(&client, ns),
+                api::<Continuation>(&watching, ns),
                 watcher::Config::default(),
                 &health,
                 format!("watch continuations/{scope}"),
@@ -462,7 +481,7 @@ pub async fn run_with(
         )
         .watches_stream(
             tracked_watch(
-                api::<Agent>(&client, ns),
+                api::<Agent>(&watching, ns),
                 watcher::Config::default(),
                 &health,
                 format!("watch agents/{scope}"),
@@ -474,7 +493,7 @@ pub async fn run_with(
         // image) steps its session: the result is read at once.
         .watches_stream(
             tracked_watch(
-                api::<k8s_openapi::api::batch::v1::Job>(&client, ns),
+                api::<k8s_openapi::api::batch::v1::Job>(&watching, ns),
                 job_selector.clone(),
                 &health,
                 format!("watch jobs/{scope}"),
@@ -484,7 +503,7 @@ pub async fn run_with(
         )
         .watches_stream(
             tracked_watch(
-                api::<k8s_openapi::api::core::v1::Pod>(&client, ns),
+                api::<k8s_openapi::api::core::v1::Pod>(&watching, ns),
                 job_selector,
                 &health,
                 format!("watch pods/{scope}"),
@@ -1024,8 +1043,14 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
         *n += 1;
         *n
     };
-    let backoff =
-        Duration::from_millis(250u64.saturating_mul(1 << n.min(8))).min(Duration::from_secs(60));
+    // While the API server is away, look again every few seconds: the
+    // session resumes within seconds of its return, not a minute later.
+    let cap = if error.is_transient() {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(60)
+    };
+    let backoff = Duration::from_millis(250u64.saturating_mul(1 << n.min(8))).min(cap);
     if matches!(
         error,
         Error::Engine(EngineError::Store(StoreError::Conflict { .. }))

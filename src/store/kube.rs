@@ -850,11 +850,17 @@ fn is_conflict(s: &kube::core::Status) -> bool {
 
 fn backend(e: kube::Error) -> StoreError {
     match e {
+        // Throttled (API priority and fairness) or the server (or its etcd)
+        // failing for now: the same request may succeed in a moment.
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
+            "the API server answered {} {}: {}",
+            s.code, s.reason, s.message
+        )),
         kube::Error::Api(s) => StoreError::Backend(format!(
             "the API server answered {} {}: {}",
             s.code, s.reason, s.message
         )),
-        other => StoreError::Backend(format!("cannot reach the API server: {other}")),
+        other => StoreError::Unavailable(format!("cannot reach the API server: {other}")),
     }
 }
 

@@ -199,6 +199,17 @@ pub enum StoreError {
     },
     #[error("store error: {0}")]
     Backend(String),
+    /// The store did not answer, or answered "try later" (a connection
+    /// error, a timeout, 429, 5xx): the same write may succeed soon.
+    #[error("the store is unavailable for now: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// An error that retrying the same request soon may cure.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
 }
 
 /// Who the engine writes as when it records a result itself (a timeout,
