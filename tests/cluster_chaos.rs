@@ -24,16 +24,16 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
 /// The cluster is shared: one disruption at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 // ---------------------------------------------------------------- the world
@@ -457,7 +457,7 @@ async fn an_api_server_restart_mid_session_loses_and_repeats_nothing() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-api").await;
     let world = World::new(3, Duration::from_millis(800));
@@ -493,7 +493,7 @@ async fn an_etcd_restart_while_background_calls_run_loses_and_repeats_nothing() 
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-etcd").await;
     // Background (`later`) calls take 3 s: etcd dies while they run.
@@ -531,7 +531,7 @@ async fn thirty_seconds_cut_off_fail_the_probes_then_everything_resumes() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-cut").await;
     let world = World::new(2, Duration::from_millis(500));
@@ -594,7 +594,7 @@ async fn throttled_by_a_tight_priority_level_every_session_still_finishes() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-apf").await;
     let world = World::new(2, Duration::from_millis(100));
@@ -715,7 +715,7 @@ async fn two_operators_on_one_host_never_repeat_each_others_work() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-twins").await;
     let world = World::new(3, Duration::from_millis(300));
@@ -736,7 +736,7 @@ async fn a_leader_paused_past_its_lease_starts_nothing_when_it_wakes() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-fence").await;
     // Many short turns, so the leader always has work it would start.
@@ -822,7 +822,7 @@ async fn the_resync_steps_a_waiting_session_without_writing() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let _serial = serial();
+    let _serial = serial().await;
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "chaos-resync").await;
     apply(
