@@ -45,7 +45,7 @@ use tracing::{debug, info, warn};
 /// Reloads after a lost compare-and-swap before the step gives up.
 const MAX_CONFLICTS: usize = 16;
 /// How long a checkpoint waits for a store that is unavailable for now.
-const CHECKPOINT_PATIENCE: Duration = Duration::from_secs(60);
+const CHECKPOINT_PATIENCE: Duration = Duration::from_secs(90);
 
 /// Which kinds of work this driver starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

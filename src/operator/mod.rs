@@ -62,7 +62,7 @@ const IDLE_RECHECK: Duration = Duration::from_secs(300);
 const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
 /// Requests that get no answer within this long fail (and are retried),
 /// instead of hanging on a dead connection.
-const API_READ_TIMEOUT: Duration = Duration::from_secs(60);
+const API_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the API server may hold a watch open before it ends it (the
 /// client's idle timeout is this plus a margin).
 const WATCH_TIMEOUT_SECS: u32 = 240;
