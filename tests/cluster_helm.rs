@@ -811,45 +811,6 @@ async fn install_upgrade_and_uninstall_with_the_roles_they_grant() {
     ns.delete(&client).await;
 }
 
-/// The agents image to install: AGENTS_TEST_AGENTS_IMAGE, else what
-/// tests/cluster/agents-image last built, else the chart's default.
-fn agents_image() -> String {
-    if let Ok(image) = std::env::var("AGENTS_TEST_AGENTS_IMAGE") {
-        if !image.is_empty() {
-            return image;
-        }
-    }
-    let cache =
-        std::env::var("AGENTS_CLUSTER_CACHE").unwrap_or_else(|_| support::BINARY_CACHE.into());
-    std::fs::read_to_string(Path::new(&cache).join("images/agents-image.ref"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "agents.local/agents:ci".into())
-}
-
-/// Whether the test cluster's containerd holds `image` (the node cannot
-/// pull: there is no registry).
-fn image_in_cluster(image: &str) -> Result<bool, String> {
-    let run =
-        std::env::var("AGENTS_CLUSTER_RUN").unwrap_or_else(|_| "/run/agents-test-cluster".into());
-    let sock = Path::new(&run).join("containerd/containerd.sock");
-    let out = Command::new("ctr")
-        .arg("--address")
-        .arg(&sock)
-        .args(["-n", "k8s.io", "images", "ls", "-q"])
-        .output()
-        .map_err(|e| format!("cannot run ctr: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ctr images ls on {}: {}",
-            sock.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l == image))
-}
-
 /// Whether this build's operator takes the flags the chart passes.
 fn operator_takes_chart_flags() -> bool {
     let out = Command::new(env!("CARGO_BIN_EXE_agents"))
@@ -914,18 +875,11 @@ async fn helm_install_runs_the_requested_flow_across_a_leader_change() {
         );
         return;
     }
-    let image = agents_image();
-    match image_in_cluster(&image) {
-        Ok(true) => {}
-        Ok(false) => {
-            eprintln!("skipped: image {image} is not in the test cluster; build and import it with tests/cluster/agents-image");
-            return;
-        }
-        Err(e) => {
-            eprintln!("skipped: cannot tell whether {image} is in the test cluster: {e}");
-            return;
-        }
-    }
+    // Built from this checkout and imported when missing (never a silent
+    // skip under AGENTS_REQUIRE_CLUSTER=1).
+    let Some(image) = support::agents_image() else {
+        return;
+    };
     let (repository, tag) = image.rsplit_once(':').expect("image with a tag");
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "helm-run").await;

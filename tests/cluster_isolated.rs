@@ -7,32 +7,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 use support::{kubectl, kubectl_ok, TestNamespace, BUSYBOX_IMAGE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-
-fn agents_image() -> Option<String> {
-    if let Ok(r) = std::env::var("AGENTS_TEST_AGENTS_IMAGE") {
-        if !r.is_empty() {
-            return Some(r);
-        }
-    }
-    let file = PathBuf::from(support::BINARY_CACHE).join("images/agents-image.ref");
-    match std::fs::read_to_string(&file) {
-        Ok(r) if !r.trim().is_empty() => Some(r.trim().to_string()),
-        _ => {
-            let why = "no agents image: run tests/cluster/agents-image (make agents-image)";
-            if support::cluster_required() {
-                panic!("{why}");
-            }
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
 
 struct Operator(Child);
 
@@ -109,7 +89,9 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     let Some(client) = support::cluster().await else {
         return;
     };
-    let Some(image) = agents_image() else { return };
+    let Some(image) = support::agents_image() else {
+        return;
+    };
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "iso").await;
     let kubeconfig = support::kubeconfig_path().unwrap();

@@ -4,8 +4,8 @@
 //! The wrapper tests run the real binary locally. The Job tests run on the
 //! test cluster (skipped without one unless AGENTS_REQUIRE_CLUSTER=1) with
 //! the agents image that `tests/cluster/agents-image` built from the
-//! Dockerfile and imported: its reference comes from AGENTS_TEST_AGENTS_IMAGE,
-//! else from the file that script writes.
+//! Dockerfile and imported (`support::agents_image`: AGENTS_TEST_AGENTS_IMAGE
+//! when `make test` set it, else the script runs for this checkout).
 
 mod support;
 
@@ -291,31 +291,6 @@ fn wrapper_installs_itself() {
 // ---------------------------------------------------------------------------
 // Jobs on the test cluster.
 
-/// The agents image built from the Dockerfile by tests/cluster/agents-image.
-fn agents_image() -> Option<String> {
-    if let Ok(r) = std::env::var("AGENTS_TEST_AGENTS_IMAGE") {
-        if !r.is_empty() {
-            return Some(r);
-        }
-    }
-    let file = PathBuf::from(support::BINARY_CACHE).join("images/agents-image.ref");
-    match std::fs::read_to_string(&file) {
-        Ok(r) if !r.trim().is_empty() => Some(r.trim().to_string()),
-        _ => {
-            let why = format!(
-                "no agents image: run tests/cluster/agents-image (make agents-image), \
-                 which writes {}",
-                file.display()
-            );
-            if support::cluster_required() {
-                panic!("{why}");
-            }
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
-
 struct Fixture {
     client: Client,
     ns: TestNamespace,
@@ -325,7 +300,7 @@ struct Fixture {
 impl Fixture {
     async fn new(prefix: &str) -> Option<Fixture> {
         let client = support::cluster().await?;
-        let image = agents_image()?;
+        let image = support::agents_image()?;
         support::install_crds(&client).await;
         let ns = TestNamespace::create(&client, prefix).await;
         Some(Fixture { client, ns, image })

@@ -1,11 +1,14 @@
 //! Container tools standalone (issue 12): a tool with an image runs in
 //! podman or docker, hardened like the Job's pod, and never on the host.
 //!
-//! The tests that run containers need an engine that runs images here (the
-//! test cluster's busybox archive, loaded into the engine's storage); they
-//! are skipped with a message otherwise. The tests of "no engine" always run.
+//! The tests that run containers need an engine that runs images here: the
+//! test cluster's busybox archive, built if missing and loaded into the
+//! engine's storage by `support::podman_busybox`. Without an engine they are
+//! skipped with a message, or fail under AGENTS_REQUIRE_CLUSTER=1. The tests
+//! of "no engine" always run.
 
 mod standalone_common;
+mod support;
 
 use agents::core::envelope::{CallEnvelope, ContextSnapshot};
 use agents::core::policy::EnvVarSpec;
@@ -15,73 +18,17 @@ use agents::core::{
 use agents::runner::container::{container_name, ContainerRunner, Engine};
 use standalone_common::*;
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::engine_cmd;
 
-const IMAGE: &str = "agents.local/busybox:ci";
-const ARCHIVE: &str = "/var/cache/agents-cluster/images/busybox.tar";
+const IMAGE: &str = support::BUSYBOX_IMAGE;
 
-/// The engine the runner picks, once busybox is loaded and runs; `None`
-/// (with the reason printed) when this machine cannot run containers.
+/// The engine the runner picks, once busybox is loaded and runs (the
+/// support helper builds and loads the image; nothing from an earlier run
+/// or another test is needed); `None` (with the reason printed) when this
+/// machine cannot run containers, a failure under AGENTS_REQUIRE_CLUSTER=1.
 fn engine() -> Option<Engine> {
-    static READY: OnceLock<Result<Engine, String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let engine = ContainerRunner::default().resolve()?;
-        if !std::path::Path::new(ARCHIVE).exists() {
-            return Err(format!(
-                "{ARCHIVE} is missing (built by tests/cluster/images)"
-            ));
-        }
-        let load = engine_cmd(&engine, &["load", "-i", ARCHIVE]);
-        if !load.status.success() {
-            return Err(format!(
-                "`load` failed: {}",
-                String::from_utf8_lossy(&load.stderr)
-            ));
-        }
-        let run = engine_cmd(
-            &engine,
-            &[
-                "run",
-                "--rm",
-                "--pull=never",
-                "--ulimit",
-                "nofile=1024:4096",
-                "--ulimit",
-                "nproc=1024:2048",
-                IMAGE,
-                "true",
-            ],
-        );
-        if !run.status.success() {
-            return Err(format!(
-                "{} cannot run {IMAGE}: {}",
-                engine.program.display(),
-                String::from_utf8_lossy(&run.stderr)
-            ));
-        }
-        Ok(engine)
-    });
-    match ready {
-        Ok(e) => Some(e.clone()),
-        Err(why) => {
-            eprintln!("SKIPPED: no container engine runs images here: {why}");
-            None
-        }
-    }
-}
-
-fn engine_cmd(engine: &Engine, args: &[&str]) -> std::process::Output {
-    let extra: Vec<String> = std::env::var("AGENTS_CONTAINER_ENGINE_ARGS")
-        .map(|v| v.split_whitespace().map(String::from).collect())
-        .unwrap_or_default();
-    Command::new(&engine.program)
-        .args(extra)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the engine starts")
+    support::podman_busybox_or_skip()
 }
 
 /// Containers of that exact name, running or not.

@@ -14,8 +14,11 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use agents::runner::container::{ContainerRunner, Engine, ENGINE_ARGS_ENV};
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -28,7 +31,8 @@ use serde::Deserialize;
 pub const DEFAULT_KUBECONFIG: &str = "/var/lib/agents-test-cluster/admin.kubeconfig";
 /// Where `tests/cluster/build` caches the cluster binaries (kubectl among them).
 pub const BINARY_CACHE: &str = "/var/cache/agents-cluster";
-/// The busybox image that `tests/cluster/up` imports into the node's containerd.
+/// The busybox image that `tests/cluster/up` imports into the node's
+/// containerd; [`podman_busybox`] loads it into the local container engine.
 pub const BUSYBOX_IMAGE: &str = "agents.local/busybox:ci";
 /// Label put on every namespace created by [`TestNamespace`].
 pub const TEST_LABEL: &str = "agents.test/owner";
@@ -289,4 +293,194 @@ pub async fn install_crds(client: &Client) -> Vec<CustomResourceDefinition> {
         .await;
     }
     crds.into_iter().map(|(_, crd)| crd).collect()
+}
+
+/// The cache of `tests/cluster/*`: `AGENTS_CLUSTER_CACHE`, else [`BINARY_CACHE`].
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("AGENTS_CLUSTER_CACHE")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(BINARY_CACHE))
+}
+
+/// A test cannot get what it needs (an engine, an image): a failure under
+/// `AGENTS_REQUIRE_CLUSTER=1`, else a printed "skipped" and `None`.
+pub fn skip_or_fail<T>(why: &str) -> Option<T> {
+    if cluster_required() {
+        panic!("AGENTS_REQUIRE_CLUSTER=1 but {why}");
+    }
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// Runs the container engine with the global arguments the runner uses too
+/// (`AGENTS_CONTAINER_ENGINE_ARGS`, e.g. `--storage-driver vfs`), stdin closed.
+pub fn engine_cmd(engine: &Engine, args: &[&str]) -> Output {
+    let extra: Vec<String> = std::env::var(ENGINE_ARGS_ENV)
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    Command::new(&engine.program)
+        .args(extra)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", engine.program.display()))
+}
+
+/// The local container engine the runner picks (podman, else docker; as
+/// `AGENTS_CONTAINER_ENGINE` says), with [`BUSYBOX_IMAGE`] loaded and shown
+/// to run; or why not.
+///
+/// Needs no earlier run and no other test: the archive
+/// (`<cache>/images/busybox.tar`) is built with `tests/cluster/images` when
+/// it is missing, and loaded into the engine once per test process (so an
+/// image removed from the engine, or a fresh machine, is no problem).
+pub fn podman_busybox() -> Result<Engine, String> {
+    static READY: OnceLock<Result<Engine, String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let engine = ContainerRunner::default().resolve()?;
+            let archive = cache_dir().join("images/busybox.tar");
+            if !archive.is_file() {
+                let script = repo_root().join("tests/cluster/images");
+                let out = Command::new(&script)
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+                if !out.status.success() || !archive.is_file() {
+                    return Err(format!(
+                        "{} did not build {}: {}",
+                        script.display(),
+                        archive.display(),
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+            }
+            let archive = archive.to_string_lossy();
+            let load = engine_cmd(&engine, &["load", "-i", &archive]);
+            if !load.status.success() {
+                return Err(format!(
+                    "`{} load -i {archive}` failed: {}",
+                    engine.program.display(),
+                    String::from_utf8_lossy(&load.stderr)
+                ));
+            }
+            let run = engine_cmd(
+                &engine,
+                &[
+                    "run",
+                    "--rm",
+                    "--pull=never",
+                    "--network",
+                    "none",
+                    "--ulimit",
+                    "nofile=1024:4096",
+                    "--ulimit",
+                    "nproc=1024:2048",
+                    BUSYBOX_IMAGE,
+                    "true",
+                ],
+            );
+            if !run.status.success() {
+                return Err(format!(
+                    "{} cannot run {BUSYBOX_IMAGE}: {}",
+                    engine.program.display(),
+                    String::from_utf8_lossy(&run.stderr)
+                ));
+            }
+            Ok(engine)
+        })
+        .clone()
+}
+
+/// [`podman_busybox`] for a test: `None` (printed "skipped") when this
+/// machine cannot run the image, a panic instead under
+/// `AGENTS_REQUIRE_CLUSTER=1`.
+pub fn podman_busybox_or_skip() -> Option<Engine> {
+    match podman_busybox() {
+        Ok(engine) => Some(engine),
+        Err(why) => skip_or_fail(&format!(
+            "no container engine runs {BUSYBOX_IMAGE} here: {why}"
+        )),
+    }
+}
+
+/// Whether the test cluster's containerd holds `image` (the node cannot
+/// pull: there is no registry).
+pub fn image_in_cluster(image: &str) -> Result<bool, String> {
+    let run = std::env::var_os("AGENTS_CLUSTER_RUN")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/agents-test-cluster"));
+    let sock = run.join("containerd/containerd.sock");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&sock)
+        .args(["-n", "k8s.io", "images", "ls", "-q"])
+        .output()
+        .map_err(|e| format!("cannot run ctr: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ctr images ls on {}: {}",
+            sock.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l == image))
+}
+
+/// The agents image (built from the `Dockerfile`), present in the test
+/// cluster's containerd; or why not.
+///
+/// `AGENTS_TEST_AGENTS_IMAGE` (what `make test` sets after building and
+/// importing it) when set and present in the cluster. Else, once per test
+/// process, `tests/cluster/agents-image` builds it from this checkout (cached
+/// by the binary's hash) and imports it: never a reference some earlier run
+/// left in a file, which may name an older binary or an image the current
+/// cluster lacks. Call it after [`cluster`] answered.
+pub fn agents_image_ready() -> Result<String, String> {
+    static READY: OnceLock<Result<String, String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            if let Some(image) = std::env::var("AGENTS_TEST_AGENTS_IMAGE")
+                .ok()
+                .filter(|r| !r.trim().is_empty())
+            {
+                let image = image.trim().to_string();
+                if !image_in_cluster(&image)? {
+                    return Err(format!(
+                        "AGENTS_TEST_AGENTS_IMAGE={image} is not in the test cluster's containerd \
+                         (tests/cluster/agents-image imports it; or unset the variable)"
+                    ));
+                }
+                return Ok(image);
+            }
+            let script = repo_root().join("tests/cluster/agents-image");
+            let out = Command::new(&script)
+                .current_dir(repo_root())
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            let image = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !out.status.success() || image.is_empty() {
+                return Err(format!(
+                    "{} failed: {}",
+                    script.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(image)
+        })
+        .clone()
+}
+
+/// [`agents_image_ready`] for a test: `None` (printed "skipped") without it,
+/// a panic instead under `AGENTS_REQUIRE_CLUSTER=1`.
+pub fn agents_image() -> Option<String> {
+    match agents_image_ready() {
+        Ok(image) => Some(image),
+        Err(why) => skip_or_fail(&format!("no agents image in the test cluster: {why}")),
+    }
 }
