@@ -1,5 +1,6 @@
-//! Smoke tests of the test cluster itself (tests/cluster/): CRDs, Jobs with a
-//! locally built image, in-cluster API access and garbage collection.
+//! Smoke tests of the test cluster itself (tests/cluster/): host clients on
+//! loopback only, CRDs, Jobs with a locally built image, in-cluster API
+//! access and garbage collection.
 //! Skipped without a cluster unless AGENTS_REQUIRE_CLUSTER=1 (see tests/support).
 
 mod support;
@@ -8,8 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
-use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
 use serde_json::json;
 use support::{wait_until, TestNamespace, BUSYBOX_IMAGE};
 
@@ -67,6 +70,115 @@ fn job_succeeded(job: &Job) -> bool {
             cs.iter()
                 .any(|c| c.type_ == "Complete" && c.status == "True")
         })
+}
+
+/// Host clients talk to the API server on loopback only (the network rule:
+/// no host traffic to a private-range address): every kubeconfig the
+/// scripts write names https://127.0.0.1:6443, the certificate also names
+/// 127.0.0.2 (failure tests cut that address), pods reach the server on the
+/// bridge through the `kubernetes` Service, and port 6443 is dropped on
+/// every interface but lo and the bridge.
+#[tokio::test]
+async fn host_clients_use_loopback_and_pods_the_bridge() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let path = support::kubeconfig_path().unwrap();
+    let kubeconfig = Kubeconfig::read_from(&path).unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        config.cluster_url.host(),
+        Some("127.0.0.1"),
+        "{}: {}",
+        path.display(),
+        config.cluster_url
+    );
+
+    // The components' kubeconfigs too, when this is the cluster of tests/cluster/up.
+    let state = std::env::var("AGENTS_CLUSTER_STATE")
+        .unwrap_or_else(|_| "/var/lib/agents-test-cluster".into());
+    let pki = std::path::Path::new(&state).join("pki");
+    if path.starts_with(&state) && pki.is_dir() {
+        for name in [
+            "admin",
+            "controller-manager",
+            "scheduler",
+            "kubelet",
+            "kube-proxy",
+        ] {
+            let file = pki.join(format!("{name}.kubeconfig"));
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let servers: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("server: "))
+                .collect();
+            assert_eq!(servers, ["https://127.0.0.1:6443"], "{}", file.display());
+        }
+        // Port 6443 answers only on lo and the bridge.
+        let rules = std::process::Command::new("iptables")
+            .args(["-S", "AGENTS-TEST-API"])
+            .output()
+            .expect("run iptables");
+        let rules = String::from_utf8_lossy(&rules.stdout);
+        for want in [
+            "-A AGENTS-TEST-API -i lo -j RETURN",
+            "-A AGENTS-TEST-API -i agents0 -j RETURN",
+            "-A AGENTS-TEST-API -j DROP",
+        ] {
+            assert!(
+                rules.lines().any(|l| l == want),
+                "{want:?} not in:\n{rules}"
+            );
+        }
+        let input = std::process::Command::new("iptables")
+            .args(["-S", "INPUT"])
+            .output()
+            .expect("run iptables");
+        let input = String::from_utf8_lossy(&input.stdout);
+        assert!(
+            input
+                .lines()
+                .any(|l| l.contains("--dport 6443") && l.ends_with("-j AGENTS-TEST-API")),
+            "INPUT does not send port 6443 to AGENTS-TEST-API:\n{input}"
+        );
+    }
+
+    // The second loopback address verifies (the certificate names it).
+    let mut second = config.clone();
+    second.cluster_url = "https://127.0.0.2:6443".parse().unwrap();
+    let version = Client::try_from(second)
+        .unwrap()
+        .apiserver_version()
+        .await
+        .expect("the API server answers on 127.0.0.2 with a certificate naming it");
+    assert!(!version.git_version.is_empty());
+
+    // Pods: the `kubernetes` Service's endpoint is the advertise address on
+    // the bridge, not loopback.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let slice = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the kubernetes Service has an EndpointSlice");
+    let addresses: Vec<String> = slice
+        .endpoints
+        .iter()
+        .flat_map(|e| e.addresses.clone())
+        .collect();
+    assert!(!addresses.is_empty(), "{slice:?}");
+    for a in &addresses {
+        assert!(
+            !a.starts_with("127."),
+            "pods would be sent to loopback: {a}"
+        );
+    }
 }
 
 #[tokio::test]
