@@ -45,6 +45,8 @@ struct Seen {
     turns: BTreeMap<(String, usize), u32>,
     /// Idempotency key -> requests.
     keys: BTreeMap<String, u32>,
+    /// Idempotency key -> the listeners that took it, in order.
+    senders: BTreeMap<String, Vec<String>>,
     /// (who, when) of every request: the listener that took it.
     log: Vec<(String, Instant)>,
 }
@@ -135,7 +137,10 @@ impl World {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             reply
         } else {
-            *self.seen.lock().unwrap().keys.entry(key).or_insert(0) += 1;
+            let mut seen = self.seen.lock().unwrap();
+            *seen.keys.entry(key.clone()).or_insert(0) += 1;
+            seen.senders.entry(key).or_default().push(tag.to_string());
+            drop(seen);
             std::thread::sleep(if path.ends_with("/later") {
                 self.later_delay
             } else {
@@ -205,9 +210,20 @@ impl World {
     }
 
     /// Every session asked each model turn once, and sent each call's side
-    /// effect under its own key; `allowed_repeats` turns may have been asked
-    /// twice (a request cut off by a kill of the process that made it).
+    /// effect once under its own key; `allowed_repeats` turns may have been
+    /// asked twice, and side effects whose senders `handover` allows sent
+    /// twice (work cut off by a pause of the process that started it, taken
+    /// over under the same key by the next one).
     fn check(&self, sessions: &[String], allowed_repeats: usize) {
+        self.check_with(sessions, allowed_repeats, |_| false)
+    }
+
+    fn check_with(
+        &self,
+        sessions: &[String],
+        allowed_repeats: usize,
+        handover: impl Fn(&[String]) -> bool,
+    ) {
         let turns = self.turns_seen();
         let keys = self.keys_seen();
         let mut repeated = Vec::new();
@@ -226,9 +242,14 @@ impl World {
         );
         // Calls: `now` on every turn but the last, `later` on turn 0.
         let calls_per_session = self.turns;
-        let sent_again: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
+        let senders = self.seen.lock().unwrap().senders.clone();
+        let sent_again: Vec<_> = keys
+            .iter()
+            .filter(|(k, n)| **n > 1 && !handover(&senders[*k]))
+            .collect();
+        let taken_over = keys.iter().filter(|(_, n)| **n > 1).count() - sent_again.len();
         eprintln!(
-            "{} sessions: {} model requests, {} distinct keys, repeated turns {repeated:?}, keys sent again {sent_again:?}",
+            "{} sessions: {} model requests, {} distinct keys, repeated turns {repeated:?}, keys sent again {sent_again:?}, keys taken over by the next driver {taken_over}",
             sessions.len(),
             turns.values().sum::<u32>(),
             keys.len()
@@ -793,8 +814,11 @@ async fn a_leader_paused_past_its_lease_starts_nothing_when_it_wakes() {
         world.requests_by_after("b", resumed - Duration::from_secs(9)) > 0,
         "b took over"
     );
-    // A request a had in flight when it stopped may be asked again by b.
-    world.check(&names, in_flight);
+    // A model request a had in flight when it stopped may be asked again by
+    // b, and a tool call a had begun is run again by b under its key (a
+    // before the stop, then b): never twice by one operator, never by a
+    // after it woke.
+    world.check_with(&names, in_flight, |senders| senders == ["a", "b"]);
     let log = a.log_text();
     eprintln!(
         "a's log after waking: {}",
