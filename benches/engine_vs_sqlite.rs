@@ -73,7 +73,7 @@ async fn engine(
     for i in 0..sessions {
         let def =
             definition::parse(&yaml(&format!("s{i}"), turns, calls, disposition), "bench").unwrap();
-        let agent = def.build(now()).unwrap();
+        let agent = def.build(now(), &agents::agent::NoSecrets).unwrap();
         let id = def.session_id();
         store
             .create_session(SessionRecord {

@@ -3,7 +3,7 @@
 
 mod logging;
 mod operator_cmd;
-pub mod out;
+pub use crate::standalone::out;
 mod run_cmd;
 mod session_cmd;
 mod tool_exec;

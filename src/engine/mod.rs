@@ -26,8 +26,9 @@
 //! claim, so it leaves that work alone. Results it already obtained are
 //! replayed onto the reloaded state, never lost.
 
+pub mod events;
 pub mod holder;
-pub mod ports;
+pub use crate::ports;
 
 pub use holder::Holder;
 pub use ports::*;
@@ -37,8 +38,7 @@ use crate::core::{
     Action, CallState, ContinuationToken, DriverRole, Event, Scope, Session, SessionConfig,
     SessionId, SessionState, ToolResult, ToolSchema, WaitingFor,
 };
-use crate::standalone::progress::Progress;
-use crate::store::{ContinuationRecord, SessionRecord, StoreError, Version, WriteOnce};
+pub use events::{Progress, Provenance};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -475,7 +475,7 @@ fn apply_record(
                 call: rec.spec.call_id.to_string(),
                 tool: rec.spec.tool_call.name.clone(),
                 result: result.clone(),
-                by,
+                by: Provenance::Outside(by),
             });
         } else {
             refuse_logged(&sid, "result", woke);
@@ -594,7 +594,11 @@ async fn perform(
                 call: call.to_string(),
                 tool: tool_call.name.clone(),
                 result: result.clone(),
-                by: if from_cache { "cache" } else { "runSync" }.into(),
+                by: if from_cache {
+                    Provenance::Cache
+                } else {
+                    Provenance::RunSync
+                },
             });
             let event = Event::ToolFinished {
                 call,
@@ -634,7 +638,7 @@ async fn perform(
                     call: spec.call_id.to_string(),
                     tool: spec.tool_call.name.clone(),
                     result: hit.clone(),
-                    by: by.clone(),
+                    by: Provenance::Cache,
                 });
                 refuse_logged(
                     sid,
@@ -749,7 +753,7 @@ fn finish_attempt(
     envelope: &crate::core::envelope::CallEnvelope,
     attempt: u32,
     status: RunStatus,
-    by: &str,
+    by: &'static str,
     sid: &str,
     replay: &mut Vec<Event>,
 ) {
@@ -761,7 +765,7 @@ fn finish_attempt(
         call: envelope.context.call_id.to_string(),
         tool: envelope.tool_call.name.clone(),
         result: result.clone(),
-        by: by.to_string(),
+        by: Provenance::Runner(by),
     });
     let failed = result.is_error().then(|| result.to_model_text());
     let event = Event::AttemptFinished {

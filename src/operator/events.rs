@@ -4,8 +4,8 @@
 //! copied: a result may be large, and Events are for people.
 
 use crate::core::ToolResult;
+use crate::engine::events::{waiting_for_text, Progress};
 use crate::engine::StepOutcome;
-use crate::standalone::progress::{waiting_for_text, Progress};
 use kube::runtime::events::{Event, EventType};
 
 /// An Event note holds at most 1 kB.

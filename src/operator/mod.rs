@@ -21,6 +21,7 @@ pub mod agents;
 pub mod background;
 pub mod events;
 
+use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
 use crate::api::agent::ModelProvider;
 use crate::api::{Agent, AgentSpec, Continuation, Session};
 use crate::core::conditions::{Condition, Status};
@@ -29,10 +30,8 @@ use crate::engine::holder::OperatorIdentity;
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, StepOutcome, SystemClock,
 };
+use crate::engine::{Progress, Provenance};
 use crate::model::{ModelClient, OpenAiModel};
-use crate::standalone::definition::Definition;
-use crate::standalone::driver::{AgentModel, AgentTools};
-use crate::standalone::progress::Progress;
 use crate::store::kube::{KubeStore, MemoryCache};
 use crate::store::StoreError;
 use crate::tools::Toolbox;
@@ -267,7 +266,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
 #[derive(Clone)]
 pub struct Clients {
     /// Reads and writes: a request that gets no answer (a dead peer,
-    /// dropped packets) fails after [`API_READ_TIMEOUT`] instead of holding
+    /// dropped packets) fails after 30 s instead of holding
     /// a reconcile for the kernel's TCP timeout (about 15 minutes).
     pub requests: Client,
     /// Watches: no read timeout (a quiet watch is not a dead one); the
@@ -706,11 +705,15 @@ async fn prepare(
         agent: spec.clone(),
         spec: session_spec.clone(),
     };
-    let mut agent = definition.build(created).map_err(|message| NotReady {
-        reason: "InvalidAgent",
-        message,
-        recheck: INVALID_RECHECK,
-    })?;
+    // The model's key is read below from the session namespace's Secret;
+    // never from this process's environment.
+    let mut agent = definition
+        .build(created, &NoSecrets)
+        .map_err(|message| NotReady {
+            reason: "InvalidAgent",
+            message,
+            recheck: INVALID_RECHECK,
+        })?;
     agent.config.default_tool_timeout_secs = ctx.options.default_tool_timeout_secs;
     let model_timeout = match (spec.model.timeout_seconds, ctx.options.model_timeout_secs) {
         (None, Some(default)) => default,
@@ -921,10 +924,13 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
             }
             Progress::ModelError { .. } => ctx.metrics.model_call(false),
             Progress::ToolResult { result, by, .. } => {
-                // How it ran; a result from outside counts as `external`.
-                let how = match by.as_str() {
-                    "runSync" | "runAsync" | "job" | "cache" => by.as_str(),
-                    _ => "external",
+                // How it ran; a result from outside counts as `external`,
+                // whatever name its writer gave.
+                let how = match by {
+                    Provenance::RunSync => "runSync",
+                    Provenance::Cache => "cache",
+                    Provenance::Runner(label) => label,
+                    Provenance::Outside(_) => "external",
                 };
                 let outcome = if result.is_error() {
                     TOOL_FAILED

@@ -48,7 +48,7 @@
 use crate::api::Continuation;
 use crate::core::envelope::{CallEnvelope, ResultEnvelope};
 use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
-use crate::engine::ports::{RunKind, RunStatus, RunnerPort};
+use crate::ports::{RunKind, RunStatus, RunnerPort};
 use futures::future::BoxFuture;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};

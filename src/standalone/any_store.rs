@@ -197,7 +197,7 @@ impl AnyStore {
             }
         };
         let agent = def
-            .build(record.created_at)
+            .build(record.created_at, &super::definition::EnvSecrets)
             .map_err(|e| anyhow!("session {id}: {e}"))?;
         Ok((record, def, agent))
     }

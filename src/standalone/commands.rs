@@ -5,14 +5,15 @@ use super::any_store::AnyStore;
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
-use crate::cli::out;
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
 };
 use crate::engine::Roles;
 use crate::runner::ProcessRunner;
+use crate::standalone::out;
 use crate::standalone::progress::shell_quote;
+use crate::standalone::progress::Render;
 use crate::store::kube::KubeStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Decision, SessionInput, SessionRecord, Store, StoreError, WriteOnce};
@@ -125,7 +126,7 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
     match store.load_session(&id).await? {
         None => {
             agent = def
-                .build(t)
+                .build(t, &definition::EnvSecrets)
                 .map_err(|e| anyhow!("{}: {e}", path.display()))?;
             if let Some((i, _)) = input
                 .messages
@@ -169,7 +170,7 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
                 bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
             }
             agent = def
-                .build(existing.value.created_at)
+                .build(existing.value.created_at, &definition::EnvSecrets)
                 .map_err(|e| anyhow!("{}: {e}", path.display()))?;
             if def.spec.messages.len() > existing.value.input.messages.len() {
                 // Messages and the definition that lists them change together.

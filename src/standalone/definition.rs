@@ -1,26 +1,11 @@
 //! From YAML (the same `Session`/`Agent` manifests `kubectl apply` takes)
 //! to a runnable agent: the core's config, a model client and the tools.
 
-use crate::api::agent::{ModelProvider, ToolSpec};
-use crate::api::{convert, AgentSpec, SessionSpec};
-use crate::core::{Millis, SessionConfig, SessionId};
-use crate::model::{ModelClient, OpenAiModel, ScriptedModel, ScriptedReply};
-use crate::tools::{ToolDef, ToolKind, Toolbox};
-use serde::{Deserialize, Serialize};
+pub use crate::agent::{Definition, RunnableAgent};
+use crate::api::{AgentSpec, SessionSpec};
+use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
-
-/// What a stored session was started from: kept in the store so any later
-/// process (`resume`, a worker) rebuilds the same agent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Definition {
-    pub session: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_name: Option<String>,
-    pub agent: AgentSpec,
-    pub spec: SessionSpec,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DefinitionError {
@@ -134,7 +119,8 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
         spec,
     };
     // Build once now so every mistake surfaces before anything is stored.
-    def.build(Millis(0)).map_err(semantic)?;
+    def.build(crate::core::Millis(0), &crate::agent::NoSecrets)
+        .map_err(semantic)?;
     Ok(def)
 }
 
@@ -178,112 +164,6 @@ fn join(parent: String, leaf: &str) -> String {
     }
 }
 
-/// An agent ready to run.
-#[derive(Clone, Debug)]
-pub struct RunnableAgent {
-    pub config: SessionConfig,
-    pub model: ModelClient,
-    pub toolbox: Toolbox,
-    pub system_prompt: String,
-}
-
-impl Definition {
-    pub fn session_id(&self) -> SessionId {
-        SessionId(self.session.clone())
-    }
-
-    /// The runnable agent; `created_at` anchors the session deadline.
-    pub fn build(&self, created_at: Millis) -> Result<RunnableAgent, String> {
-        let config = convert::session_config(
-            self.agent_name.as_deref(),
-            &self.agent,
-            self.spec.limits.as_ref(),
-            created_at,
-            if self.agent_name.is_some() {
-                "agent.spec"
-            } else {
-                "spec.agent"
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let model = model_client(&self.agent)?;
-        let toolbox = Toolbox::new(self.agent.tools.iter().map(tool_def).collect())
-            .map_err(|e| e.to_string())?;
-        Ok(RunnableAgent {
-            config,
-            model,
-            toolbox,
-            system_prompt: self.agent.system_prompt.clone(),
-        })
-    }
-}
-
-/// A tool of the agent spec as the in-step tools run it.
-pub fn tool_def(t: &ToolSpec) -> ToolDef {
-    let kind = if let Some(b) = &t.builtin {
-        ToolKind::Builtin {
-            function: b.function.clone(),
-        }
-    } else if let Some(h) = &t.http {
-        ToolKind::Http {
-            url: h.url.clone(),
-            headers: h.headers.iter().map(crate::api::convert::env_var).collect(),
-        }
-    } else {
-        ToolKind::Container
-    };
-    ToolDef {
-        name: t.name.clone(),
-        description: t.description.clone(),
-        parameters: t.parameters.clone(),
-        kind,
-    }
-}
-
-fn model_client(agent: &AgentSpec) -> Result<ModelClient, String> {
-    match agent.model.provider {
-        ModelProvider::Scripted => {
-            let s = agent
-                .model
-                .scripted
-                .as_ref()
-                .ok_or("spec.model.provider is scripted but spec.model.scripted is missing")?;
-            Ok(ModelClient::Scripted(ScriptedModel {
-                replies: s
-                    .replies
-                    .iter()
-                    .map(|r| ScriptedReply {
-                        text: r.text.clone(),
-                        tool_calls: r
-                            .tool_calls
-                            .iter()
-                            .map(|c| (c.name.clone(), c.arguments.clone()))
-                            .collect(),
-                    })
-                    .collect(),
-            }))
-        }
-        ModelProvider::Openai => {
-            let o = agent
-                .model
-                .openai
-                .as_ref()
-                .ok_or("spec.model.provider is openai but spec.model.openai is missing")?;
-            let key = o.api_key_secret_ref.as_ref().and_then(|r| {
-                std::env::var(secret_env_name(&r.name, &r.key))
-                    .or_else(|_| std::env::var("OPENAI_API_KEY"))
-                    .ok()
-            });
-            Ok(ModelClient::OpenAi(OpenAiModel::new(
-                &o.base_url,
-                &o.model,
-                key,
-                std::time::Duration::from_secs(agent.model.timeout_seconds().into()),
-            )))
-        }
-    }
-}
-
 /// Standalone, a Secret reference `{name: llm, key: api-key}` is read from
 /// the environment variable `AGENTS_SECRET_LLM_API_KEY` (then
 /// `OPENAI_API_KEY`): keys never live in the store or the YAML.
@@ -293,6 +173,17 @@ pub fn secret_env_name(name: &str, key: &str) -> String {
         key: key.to_string(),
     }
     .env_name()
+}
+
+/// Standalone secrets: the environment, as [`secret_env_name`] says.
+pub struct EnvSecrets;
+
+impl crate::agent::SecretSource for EnvSecrets {
+    fn secret(&self, name: &str, key: &str) -> Option<String> {
+        std::env::var(secret_env_name(name, key))
+            .or_else(|_| std::env::var("OPENAI_API_KEY"))
+            .ok()
+    }
 }
 
 #[cfg(test)]

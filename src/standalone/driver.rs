@@ -3,18 +3,14 @@
 //! succeeds, fails, yields or is paused. Engine logic lives in
 //! [`crate::engine`]; this file only adapts and loops.
 
-use super::definition::RunnableAgent;
 use super::progress::{shell_quote, PendingCall, Progress};
+use crate::agent::{AgentModel, AgentTools, RunnableAgent};
 use crate::core::envelope::CallEnvelope;
-use crate::core::{
-    AgentTurn, Disposition, Millis, SessionId, SessionState, ToolCall, ToolResult, WaitingFor,
-};
+use crate::core::{Disposition, Millis, SessionId, SessionState, WaitingFor};
 use crate::engine::{
-    self, AgentRuntime, CachePort, Clock, ContinuationPort, EngineError, Holder, ModelFailure,
-    ModelInput, ModelPort, Ports, Roles, RunKind, RunStatus, RunnerPort, SessionPort, StepOutcome,
-    SystemClock, ToolPort,
+    self, AgentRuntime, CachePort, Clock, ContinuationPort, EngineError, Holder, Ports, Roles,
+    RunKind, RunStatus, RunnerPort, SessionPort, StepOutcome, SystemClock,
 };
-use crate::model::{ModelClient, ModelRequest};
 use crate::runner::container::ContainerRunner;
 use crate::runner::ProcessRunner;
 use crate::store::{ContinuationRecord, StoreError};
@@ -56,45 +52,6 @@ pub struct DriveOptions {
 }
 
 pub type DriveError = EngineError;
-
-/// The model port over the configured client (the operator uses it too).
-pub(crate) struct AgentModel<'a>(pub(crate) &'a ModelClient);
-
-impl ModelPort for AgentModel<'_> {
-    fn reply<'a>(
-        &'a self,
-        input: ModelInput<'a>,
-    ) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>> {
-        Box::pin(async move {
-            self.0
-                .reply(&ModelRequest {
-                    system_prompt: input.system_prompt,
-                    turns: input.turns,
-                    tools: input.tools,
-                })
-                .await
-                .map_err(|e| ModelFailure {
-                    message: e.message,
-                    retryable: e.retryable,
-                    retry_after: e.retry_after,
-                })
-        })
-    }
-}
-
-/// The in-step tools port over the agent's toolbox.
-pub(crate) struct AgentTools<'a>(pub(crate) &'a Toolbox);
-
-impl ToolPort for AgentTools<'_> {
-    fn run<'a>(
-        &'a self,
-        call: &'a ToolCall,
-        idempotency_key: &'a str,
-        timeout: Duration,
-    ) -> BoxFuture<'a, ToolResult> {
-        Box::pin(self.0.run(call, idempotency_key, Some(timeout)))
-    }
-}
 
 /// Background calls run inline with the agent's tools; isolated calls run
 /// in a container when the tool has an image (never silently on the host),

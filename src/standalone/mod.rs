@@ -3,9 +3,10 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`definition`] | YAML (`Session` + `Agent`) to a runnable agent, with strict field checks |
+//! | [`definition`] | YAML (`Session` + `Agent`) to an agent definition, with strict field checks; secrets from the environment |
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
-//! | [`progress`] | what a run prints (text or JSON lines) |
+//! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
+//! | [`out`] | stdout that a closed pipe never stops |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
@@ -13,6 +14,7 @@ pub mod any_store;
 pub mod commands;
 pub mod definition;
 pub mod driver;
+pub mod out;
 pub mod progress;
 
 pub use driver::{drive, DriveOptions, Outcome};

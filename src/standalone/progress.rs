@@ -1,158 +1,34 @@
-//! What a run shows as it unfolds: readable lines on a terminal, or one
-//! JSON object per line (`-o json`).
+//! What a run shows as it unfolds: the engine's events rendered as
+//! readable lines on a terminal, or one JSON object per line (`-o json`).
 
-use crate::core::{AgentTurn, SessionState, ToolResult, WaitingFor};
-use serde::Serialize;
+use crate::core::WaitingFor;
+pub use crate::engine::events::{waiting_for_text, CallLine, PendingCall, Progress};
 
-/// A call that waits, and the exact command that moves it on.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingCall {
-    pub token: String,
-    pub call: String,
-    pub tool: String,
-    pub waiting_for: Option<WaitingFor>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub command: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CallLine {
-    pub call: String,
-    pub tool: String,
-    pub arguments: String,
-    pub disposition: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(tag = "event", rename_all = "camelCase")]
-pub enum Progress {
-    #[serde(rename_all = "camelCase")]
-    UserMessage {
-        session: String,
-        text: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    AgentTurn {
-        session: String,
-        turn: u32,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        text: Option<String>,
-        tool_calls: Vec<CallLine>,
-    },
-    #[serde(rename_all = "camelCase")]
-    ToolResult {
-        session: String,
-        call: String,
-        tool: String,
-        result: ToolResult,
-        /// How it ran: runSync, runAsync, process, cache, or who completed it.
-        by: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    Deferred {
-        session: String,
-        call: String,
-        tool: String,
-        token: String,
-        waiting_for: WaitingFor,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        reason: Option<String>,
-    },
-    #[serde(rename_all = "camelCase")]
-    ModelError {
-        session: String,
-        error: String,
-        retryable: bool,
-    },
-    #[serde(rename_all = "camelCase")]
-    Yielded {
-        session: String,
-        pending: Vec<PendingCall>,
-    },
-    Finished {
-        session: String,
-        answer: String,
-    },
-    Failed {
-        session: String,
-        reason: String,
-    },
-    Paused {
-        session: String,
-    },
-    Note {
-        session: String,
-        message: String,
-    },
-    /// A result written from outside was taken in, this long after it was
-    /// written (the wake latency). For metrics; never printed.
-    #[serde(rename_all = "camelCase")]
-    Woke {
-        session: String,
-        token: String,
-        waited_ms: u64,
-    },
-}
-
-impl Progress {
-    pub fn agent_turn(session: &str, turn: u32, t: &AgentTurn, state: &SessionState) -> Self {
-        let tool_calls = t
-            .tool_calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let tracked = state
-                    .open
-                    .iter()
-                    .flat_map(|o| o.calls.iter())
-                    .find(|tc| tc.id.turn == turn && tc.id.index == i as u32);
-                CallLine {
-                    call: format!("t{turn}-c{i}"),
-                    tool: c.name.clone(),
-                    arguments: c.arguments.clone(),
-                    disposition: tracked
-                        .map(|tc| {
-                            // Refused before running: unknown tool, bad arguments.
-                            if let Some(ToolResult::Error { message }) = &tc.result {
-                                return format!("refused, the model is told: {message}");
-                            }
-                            let mut d = tc.policy.disposition.name().to_string();
-                            if tc.policy.decorators.approval {
-                                d.push_str(" +approval");
-                            }
-                            d
-                        })
-                        .unwrap_or_else(|| "refused".into()),
-                }
-            })
-            .collect();
-        Progress::AgentTurn {
-            session: session.to_string(),
-            turn,
-            text: t.text.clone(),
-            tool_calls,
-        }
-    }
-
+/// The terminal's rendering of an engine event.
+pub trait Render {
     /// Prints this event as one line (text or JSON) on stdout. A closed
     /// stdout (`agents run ... | head -1`) is ignored: output never stops
     /// the engine.
-    pub fn emit(&self, json: bool) {
+    fn emit(&self, json: bool);
+    /// The terminal rendering.
+    fn to_text(&self) -> String;
+}
+
+impl Render for Progress {
+    fn emit(&self, json: bool) {
         if matches!(self, Progress::Woke { .. }) {
             return;
         }
         if json {
-            crate::cli::out::line(&serde_json::to_string(self).expect("progress serialises"));
+            crate::standalone::out::line(
+                &serde_json::to_string(self).expect("progress serialises"),
+            );
         } else {
-            crate::cli::out::line(&self.to_text());
+            crate::standalone::out::line(&self.to_text());
         }
     }
 
-    /// The terminal rendering.
-    pub fn to_text(&self) -> String {
+    fn to_text(&self) -> String {
         match self {
             Progress::UserMessage { text, .. } => format!("user: {text}"),
             Progress::AgentTurn {
@@ -256,15 +132,6 @@ pub fn shell_quote(s: &str) -> String {
         return s.to_string();
     }
     format!("'{}'", s.replace('\'', "'\\''"))
-}
-
-pub fn waiting_for_text(w: WaitingFor) -> &'static str {
-    match w {
-        WaitingFor::Approval => "approval",
-        WaitingFor::Background => "a background run",
-        WaitingFor::Isolated => "an isolated run",
-        WaitingFor::External => "an outside result",
-    }
 }
 
 fn one_line(s: &str, max: usize) -> String {

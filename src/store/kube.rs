@@ -30,7 +30,7 @@ use crate::api::{Agent, Continuation, Session};
 use crate::core::conditions::{self, Status as CondStatus};
 use crate::core::session::ContinuationSpec;
 use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
-use crate::engine::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
+use crate::ports::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
 use crate::store::spill::{self, Blob};
 use crate::store::{
     ContinuationRecord, Decision, SessionInput, SessionRecord, SessionSummary, StoreError,
@@ -818,7 +818,7 @@ impl KubeStore {
 }
 
 fn wall_now() -> Millis {
-    use crate::engine::Clock;
+    use crate::ports::Clock;
     SystemClock.now()
 }
 

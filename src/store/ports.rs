@@ -2,7 +2,7 @@
 
 use super::sqlite::SqliteStore;
 use super::*;
-use crate::engine::{CachePort, ContinuationPort, SessionPort, SessionRef};
+use crate::ports::{CachePort, ContinuationPort, SessionPort, SessionRef};
 use futures::future::BoxFuture;
 
 impl SessionPort for SqliteStore {

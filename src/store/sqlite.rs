@@ -7,8 +7,9 @@
 //! `PRAGMA user_version` counts the migrations applied.
 
 use super::*;
-use crate::core::{CallState, Phase};
+use crate::core::{CallState, Phase, SessionState};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;

@@ -1,5 +1,7 @@
-//! The ports the engine step performs its actions through. Each driver
-//! provides them: `agents run` over SQLite, the process runner and the
+//! The ports: the traits the engine step performs its actions through, and
+//! the records they carry ([`records`]). The engine and the agent layer use
+//! them; adapters (stores, runners, model and tool clients) implement them,
+//! and import nothing of the engine's. Each driver provides them: `agents run` over SQLite, the process runner and the
 //! terminal; the operator over the API server, Jobs and Kubernetes Events.
 //!
 //! Futures are boxed and `Send`, so a step can run inside a kube-runtime
@@ -12,10 +14,10 @@ use crate::core::{
     AgentTurn, CacheKey, ContinuationToken, IsolationSpec, Millis, SessionId, ToolCall, ToolResult,
     ToolSchema, Turn,
 };
-use crate::store::{
-    ContinuationRecord, Decision, SessionRecord, StoreResult, Version, Versioned, WriteOnce,
-};
+pub mod records;
+
 use futures::future::BoxFuture;
+pub use records::*;
 use std::time::Duration;
 
 /// The session's identity outside the process: children are adopted only

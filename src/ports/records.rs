@@ -1,0 +1,214 @@
+//! The records the ports carry: sessions and continuations as stored, the
+//! answers of write-once writes, and the stores' errors. Shared by the
+//! engine and every store adapter.
+
+use crate::core::session::ContinuationSpec;
+use crate::core::{ContinuationToken, Millis, SessionId, SessionState, ToolResult};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// An opaque revision of a stored object, compared for equality only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub String);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A stored value with the revision it was read at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Versioned<T> {
+    pub value: T,
+    pub version: Version,
+}
+
+/// A session as stored: the core's state plus the definition it was started
+/// from (the `Agent`/`Session` manifests), so any later process can rebuild
+/// the agent without the original file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    pub state: SessionState,
+    /// What the user asked for (the Session's spec): the engine feeds what
+    /// the state has not taken yet into the core.
+    #[serde(default)]
+    pub input: SessionInput,
+    /// The session's namespace (empty standalone) and unique id: keys and
+    /// adopted children are scoped by them.
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+    /// Opaque to the store: the driver's own description of the agent.
+    pub definition: serde_json::Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// The user's side of a session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInput {
+    /// Every user message, oldest first (append-only).
+    #[serde(default)]
+    pub messages: Vec<String>,
+    #[serde(default)]
+    pub paused: bool,
+    /// Raised by the user to retry a failed session.
+    #[serde(default)]
+    pub retry: u32,
+}
+
+/// An approve/deny decision on a call that waits for approval.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub approved: bool,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at: Millis,
+}
+
+/// A continuation as stored: what the core asked for, and what the outside
+/// world has written into it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContinuationRecord {
+    pub spec: ContinuationSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    pub created_at: Millis,
+}
+
+impl ContinuationRecord {
+    pub fn token(&self) -> &ContinuationToken {
+        &self.spec.token
+    }
+    pub fn is_completed(&self) -> bool {
+        self.result.is_some()
+    }
+
+    /// Why this continuation refuses `result` from `by`, or `None` when it
+    /// takes it. A call that waits for an approval takes a result only
+    /// once approved: before a decision there is nothing to complete, and
+    /// after a denial the model has been told it was denied. The engine's
+    /// own records stay accepted: anything written as [`ENGINE_BY`] (e.g.
+    /// an approval that timed out) and the denial's own result
+    /// ([`denial_result`]), which the engine writes under the decider's name.
+    pub fn not_accepting(&self, result: &ToolResult, by: &str) -> Option<String> {
+        if by == ENGINE_BY {
+            return None;
+        }
+        let token = self.token();
+        match &self.decision {
+            None if self.spec.waiting_for == crate::core::WaitingFor::Approval => Some(format!(
+                "it waits for an approval, and nobody has decided yet; approve it first (`agents session approve {token}`; the call then runs per its policy) or deny it (`agents session deny {token}`)"
+            )),
+            Some(d) if !d.approved && result != &denial_result(d) => Some(format!(
+                "it was denied by {}, and the model is told that it was denied; a denied call takes no result",
+                d.by
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a write-once write (a result or a decision).
+#[derive(Clone, Debug, PartialEq)]
+pub enum WriteOnce {
+    /// This write set the value.
+    Recorded,
+    /// The value was already set, to this same value (a harmless repeat).
+    AlreadySame { by: String, at: Millis },
+    /// The value was already set to something else; this write was refused.
+    AlreadyDifferent { by: String, at: Millis },
+}
+
+/// One line of `agents session list`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    pub id: SessionId,
+    pub phase: crate::core::Phase,
+    pub paused: bool,
+    pub pending: usize,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session {0} not found in the store")]
+    SessionNotFound(SessionId),
+    #[error("session {0} already exists in the store")]
+    SessionExists(SessionId),
+    #[error("no continuation with token {0}; `agents session pending` lists the open ones")]
+    UnknownToken(ContinuationToken),
+    /// Someone else wrote the session since it was read: reload and retry.
+    #[error("session {id} was changed by another writer (expected version {expected})")]
+    Conflict { id: SessionId, expected: Version },
+    #[error("the store {path} is locked by another process (waited {waited_ms} ms); try again when it finishes")]
+    Locked { path: String, waited_ms: u64 },
+    #[error("{path} is not an agents store: {why}")]
+    NotAStore { path: String, why: String },
+    #[error("the store {path} has schema version {found}, newer than this build knows ({known}); upgrade agents")]
+    TooNew {
+        path: String,
+        found: i64,
+        known: i64,
+    },
+    #[error(
+        "stored data for {what} cannot be read ({why}); the store may have been edited by hand"
+    )]
+    Corrupt { what: String, why: String },
+    /// This process may read the store but not write it.
+    #[error("the store {path} is read-only for this user (no write access to the file or its directory): reading works, but this command writes; run it as a user who can write the store")]
+    ReadOnly { path: String },
+    /// `--store sqlite:nope/x/agents.db` where `nope/x` does not exist.
+    #[error("the store {path} cannot be opened: the directory {dir} does not exist; create that directory first, or give another path with --store sqlite:PATH")]
+    NoDirectory { path: String, dir: String },
+    /// The continuation takes no result now (see [`ContinuationRecord::not_accepting`]).
+    #[error("{token} does not accept a result: {why}")]
+    NotAccepting {
+        token: ContinuationToken,
+        why: String,
+    },
+    #[error("store error: {0}")]
+    Backend(String),
+    /// The store did not answer, or answered "try later" (a connection
+    /// error, a timeout, 429, 5xx): the same write may succeed soon.
+    #[error("the store is unavailable for now: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// An error that retrying the same request soon may cure.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// Who the engine writes as when it records a result itself (a timeout,
+/// a runner's final result after retries); no person or worker may use it.
+pub const ENGINE_BY: &str = "agents";
+
+/// The error result the model is given for a denied call: exactly what
+/// the core records for the denial (a test in the sqlite store checks it
+/// against the core).
+pub fn denial_result(decision: &Decision) -> ToolResult {
+    ToolResult::error(match &decision.reason {
+        Some(r) => format!("denied by {}: {r}", decision.by),
+        None => format!("denied by {}", decision.by),
+    })
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
