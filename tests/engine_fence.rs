@@ -92,7 +92,7 @@ async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
         .await
         .unwrap();
     let model = CountingModel::default();
-    let observer = |_: &agents::standalone::progress::Progress| {};
+    let observer = |_: &agents::engine::Progress| {};
     let ports = Ports {
         sessions: &store,
         continuations: &store,
