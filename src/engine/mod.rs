@@ -817,3 +817,6 @@ async fn cache_hit(
         None => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests;

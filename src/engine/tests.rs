@@ -1,0 +1,537 @@
+//! The engine's rules, each in a fast test over in-memory ports (no
+//! process, no cluster): conflict replay, a briefly unavailable store, the
+//! limit of that patience, claims between two racing drivers, the fence,
+//! and a step with nothing to do writing nothing.
+
+use super::*;
+use crate::core::{AgentTurn, Millis, ToolCall};
+use crate::ports::{
+    CachePort, ContinuationPort, Decision, ManualClock, ModelFailure, ModelInput, ModelPort,
+    RunKind, RunStatus, RunnerPort, SessionInput, SessionPort, StoreResult, ToolPort, Versioned,
+};
+use futures::future::BoxFuture;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What the in-memory store does on its next saves.
+#[derive(Clone, Debug)]
+enum Fault {
+    /// This save goes through.
+    Pass,
+    /// Another writer wrote first: the version moves, the save is refused.
+    Conflict,
+    /// The store does not answer.
+    Unavailable,
+}
+
+#[derive(Default)]
+struct MemStore {
+    session: Mutex<Option<(SessionRecord, u64)>>,
+    continuations: Mutex<BTreeMap<String, ContinuationRecord>>,
+    cache: Mutex<BTreeMap<String, ToolResult>>,
+    faults: Mutex<VecDeque<Fault>>,
+    saves: AtomicU32,
+}
+
+impl MemStore {
+    fn with_session(messages: &[&str]) -> MemStore {
+        let id = SessionId("s".into());
+        let store = MemStore::default();
+        *store.session.lock().unwrap() = Some((
+            SessionRecord {
+                state: SessionState::new(id),
+                input: SessionInput {
+                    messages: messages.iter().map(|m| m.to_string()).collect(),
+                    ..Default::default()
+                },
+                namespace: "ns".into(),
+                uid: "uid-1".into(),
+                definition: serde_json::json!({}),
+                created_at: Millis(0),
+                updated_at: Millis(0),
+            },
+            1,
+        ));
+        store
+    }
+
+    fn inject(&self, faults: impl IntoIterator<Item = Fault>) {
+        self.faults.lock().unwrap().extend(faults);
+    }
+
+    fn state(&self) -> SessionState {
+        self.session
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .0
+            .state
+            .clone()
+    }
+}
+
+impl SessionPort for MemStore {
+    fn load<'a>(
+        &'a self,
+        _: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>> {
+        let loaded = self.session.lock().unwrap().clone();
+        Box::pin(async move {
+            Ok(loaded.map(|(value, v)| Versioned {
+                value,
+                version: Version(v.to_string()),
+            }))
+        })
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        expected: &'a Version,
+    ) -> BoxFuture<'a, StoreResult<Version>> {
+        self.saves.fetch_add(1, Ordering::SeqCst);
+        let fault = self.faults.lock().unwrap().pop_front();
+        let mut stored = self.session.lock().unwrap();
+        let (current, version) = stored.as_mut().unwrap();
+        let result = match fault {
+            Some(Fault::Pass) | None if expected.0 != version.to_string() => {
+                Err(StoreError::Conflict {
+                    id: record.state.id.clone(),
+                    expected: expected.clone(),
+                })
+            }
+            Some(Fault::Pass) | None => {
+                *current = record.clone();
+                *version += 1;
+                Ok(Version(version.to_string()))
+            }
+            Some(Fault::Unavailable) => Err(StoreError::Unavailable("injected".into())),
+            Some(Fault::Conflict) => {
+                *version += 1;
+                Err(StoreError::Conflict {
+                    id: record.state.id.clone(),
+                    expected: expected.clone(),
+                })
+            }
+        };
+        Box::pin(async move { result })
+    }
+}
+
+impl ContinuationPort for MemStore {
+    fn ensure<'a>(
+        &'a self,
+        _: &'a SessionRef,
+        spec: &'a crate::core::session::ContinuationSpec,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<ContinuationRecord>> {
+        let mut all = self.continuations.lock().unwrap();
+        let rec = all
+            .entry(spec.token.0.clone())
+            .or_insert_with(|| ContinuationRecord {
+                spec: spec.clone(),
+                result: None,
+                completed_by: None,
+                completed_at: None,
+                decision: None,
+                created_at: now,
+            })
+            .clone();
+        Box::pin(async move { Ok(rec) })
+    }
+
+    fn list_for<'a>(
+        &'a self,
+        _: &'a SessionRef,
+    ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>> {
+        let all = self
+            .continuations
+            .lock()
+            .unwrap()
+            .values()
+            .cloned()
+            .collect();
+        Box::pin(async move { Ok(all) })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        result: &'a ToolResult,
+        by: &'a str,
+        now: Millis,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
+        let mut all = self.continuations.lock().unwrap();
+        let outcome = match all.get_mut(&token.0) {
+            None => Err(StoreError::UnknownToken(token.clone())),
+            Some(rec) => match &rec.result {
+                Some(r) if r == result => Ok(WriteOnce::AlreadySame {
+                    by: rec.completed_by.clone().unwrap_or_default(),
+                    at: rec.completed_at.unwrap_or(now),
+                }),
+                Some(_) => Ok(WriteOnce::AlreadyDifferent {
+                    by: rec.completed_by.clone().unwrap_or_default(),
+                    at: rec.completed_at.unwrap_or(now),
+                }),
+                None => {
+                    rec.result = Some(result.clone());
+                    rec.completed_by = Some(by.to_string());
+                    rec.completed_at = Some(now);
+                    Ok(WriteOnce::Recorded)
+                }
+            },
+        };
+        Box::pin(async move { outcome })
+    }
+
+    fn decide<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        decision: &'a Decision,
+    ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
+        let mut all = self.continuations.lock().unwrap();
+        let outcome = match all.get_mut(&token.0) {
+            None => Err(StoreError::UnknownToken(token.clone())),
+            Some(rec) if rec.decision.is_some() => Ok(WriteOnce::AlreadySame {
+                by: decision.by.clone(),
+                at: decision.at,
+            }),
+            Some(rec) => {
+                rec.decision = Some(decision.clone());
+                Ok(WriteOnce::Recorded)
+            }
+        };
+        Box::pin(async move { outcome })
+    }
+}
+
+impl CachePort for MemStore {
+    fn lookup<'a>(
+        &'a self,
+        key: &'a crate::core::CacheKey,
+    ) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
+        let hit = self.cache.lock().unwrap().get(&format!("{key:?}")).cloned();
+        Box::pin(async move { Ok(hit) })
+    }
+    fn remember<'a>(
+        &'a self,
+        key: &'a crate::core::CacheKey,
+        result: &'a ToolResult,
+        _: Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(format!("{key:?}"), result.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A model that replies from a script and counts its calls.
+#[derive(Default)]
+struct Script {
+    replies: Mutex<VecDeque<AgentTurn>>,
+    calls: AtomicU32,
+}
+
+impl Script {
+    fn new(replies: Vec<AgentTurn>) -> Script {
+        Script {
+            replies: Mutex::new(replies.into()),
+            calls: AtomicU32::new(0),
+        }
+    }
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl ModelPort for Script {
+    fn reply<'a>(&'a self, _: ModelInput<'a>) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let reply = self.replies.lock().unwrap().pop_front();
+        Box::pin(async move {
+            reply.ok_or(ModelFailure {
+                message: "the script ran out".into(),
+                retryable: false,
+                retry_after: None,
+            })
+        })
+    }
+}
+
+fn text(t: &str) -> AgentTurn {
+    AgentTurn {
+        text: Some(t.into()),
+        tool_calls: Vec::new(),
+        usage: Default::default(),
+    }
+}
+
+fn calls(names: &[&str]) -> AgentTurn {
+    AgentTurn {
+        text: None,
+        tool_calls: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ToolCall {
+                model_call_id: format!("m{i}"),
+                name: n.to_string(),
+                arguments: "{}".into(),
+            })
+            .collect(),
+        usage: Default::default(),
+    }
+}
+
+/// Tools that answer at once and count their runs per key.
+#[derive(Default)]
+struct Tools {
+    runs: Mutex<BTreeMap<String, u32>>,
+}
+
+impl ToolPort for Tools {
+    fn run<'a>(
+        &'a self,
+        call: &'a ToolCall,
+        key: &'a str,
+        _: std::time::Duration,
+    ) -> BoxFuture<'a, ToolResult> {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_insert(0) += 1;
+        let name = call.name.clone();
+        Box::pin(async move { ToolResult::text(format!("{name} done")) })
+    }
+}
+
+impl RunnerPort for Tools {
+    fn start<'a>(
+        &'a self,
+        _: RunKind<'a>,
+        envelope: &'a crate::core::envelope::CallEnvelope,
+        _: u32,
+        _: std::time::Duration,
+    ) -> BoxFuture<'a, RunStatus> {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(envelope.context.idempotency_key.clone())
+            .or_insert(0) += 1;
+        Box::pin(async { RunStatus::Finished(ToolResult::text("ran")) })
+    }
+}
+
+fn runtime() -> AgentRuntime {
+    AgentRuntime {
+        config: SessionConfig::default(),
+        system_prompt: String::new(),
+        tools: Vec::new(),
+    }
+}
+
+fn ports<'a>(
+    store: &'a MemStore,
+    model: &'a dyn ModelPort,
+    tools: &'a Tools,
+    clock: &'a ManualClock,
+) -> Ports<'a> {
+    Ports {
+        sessions: store,
+        continuations: store,
+        cache: store,
+        model,
+        tools,
+        runner: tools,
+        clock,
+        observer: &|_: &Progress| {},
+    }
+}
+
+fn id() -> SessionId {
+    SessionId("s".into())
+}
+
+#[tokio::test]
+async fn a_lost_compare_and_swap_replays_the_model_reply_instead_of_asking_again() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![text("hello")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    // The claim commits; the checkpoint carrying the reply loses to another
+    // writer: the step reloads and replays the reply onto what it finds.
+    store.inject([Fault::Pass, Fault::Conflict]);
+    let holder = Holder::named("cli/test/1/1");
+    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.saves.load(Ordering::SeqCst),
+        3,
+        "claim, lost, replayed"
+    );
+    assert!(
+        matches!(&report.outcome, StepOutcome::Succeeded { answer } if answer == "hello"),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(model.calls(), 1, "the reply was replayed, not asked again");
+}
+
+#[tokio::test]
+async fn a_briefly_unavailable_store_is_waited_out_and_nothing_is_asked_twice() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["lookup"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    // Every checkpoint meets three failures first (an API server restart).
+    store.inject(std::iter::repeat_n(Fault::Unavailable, 3));
+    let report = step(&p, &id(), &runtime(), &Holder::named("h"), Roles::ALL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.outcome, StepOutcome::Succeeded { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(model.calls(), 2);
+    assert_eq!(tools.runs.lock().unwrap().values().sum::<u32>(), 1);
+    // The waits were on the step's clock, not real time.
+    assert!(clock.now().0 >= 1_000 + 200 + 400 + 800);
+}
+
+#[tokio::test]
+async fn a_store_away_past_the_patience_fails_the_step_with_its_error() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![text("hello")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(0)));
+    let p = ports(&store, &model, &tools, &clock);
+    store.inject(std::iter::repeat_n(Fault::Unavailable, 1_000));
+    let err = step(&p, &id(), &runtime(), &Holder::named("h"), Roles::ALL)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Store(e) if e.is_transient()),
+        "{err}"
+    );
+    assert!(clock.now().0 < CHECKPOINT_PATIENCE.as_millis() as i64 + 3_000);
+    assert_eq!(model.calls(), 0, "no model call before its claim committed");
+}
+
+/// A model that, while answering driver A, lets driver B step the same
+/// session: B must see A's committed claim and leave the model alone.
+struct Racer<'a> {
+    inner: Script,
+    other: &'a (dyn Fn() -> BoxFuture<'a, StepReport> + Sync),
+    seen: Mutex<Option<StepReport>>,
+}
+
+impl ModelPort for Racer<'_> {
+    fn reply<'a>(
+        &'a self,
+        input: ModelInput<'a>,
+    ) -> BoxFuture<'a, Result<AgentTurn, ModelFailure>> {
+        Box::pin(async move {
+            let b = (self.other)().await;
+            *self.seen.lock().unwrap() = Some(b);
+            self.inner.reply(input).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_second_driver_leaves_claimed_work_alone() {
+    let store = MemStore::with_session(&["hi"]);
+    let b_model = Script::new(vec![text("from b")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let rt = runtime();
+    let b_ports = ports(&store, &b_model, &tools, &clock);
+    let b_holder = Holder::named("operator/b/1");
+    let other = || -> BoxFuture<'_, StepReport> {
+        Box::pin(async {
+            step(&b_ports, &id(), &rt, &b_holder, Roles::ALL)
+                .await
+                .unwrap()
+        })
+    };
+    let a_model = Racer {
+        inner: Script::new(vec![text("from a")]),
+        other: &other,
+        seen: Mutex::new(None),
+    };
+    let a_ports = ports(&store, &a_model, &tools, &clock);
+    let report = step(
+        &a_ports,
+        &id(),
+        &rt,
+        &Holder::named("operator/a/1"),
+        Roles::ALL,
+    )
+    .await
+    .unwrap();
+    let b = a_model.seen.lock().unwrap().take().expect("b stepped");
+    assert_eq!(
+        b_model.calls(),
+        0,
+        "b asked the model while a held the claim"
+    );
+    assert!(
+        matches!(b.outcome, StepOutcome::Busy { .. }),
+        "{:?}",
+        b.outcome
+    );
+    assert_eq!(b.writes, 0, "b wrote nothing");
+    assert!(
+        matches!(&report.outcome, StepOutcome::Succeeded { answer } if answer == "from a"),
+        "{:?}",
+        report.outcome
+    );
+}
+
+#[derive(Debug)]
+struct Closed;
+impl holder::Fence for Closed {
+    fn check(&self) -> Result<(), String> {
+        Err("the Lease lapsed".into())
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_driver_starts_no_work() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![text("hello")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(0)));
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("operator/x/1").with_fence(Arc::new(Closed));
+    let err = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Fenced { .. }), "{err}");
+    assert_eq!(model.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_step_with_nothing_to_do_writes_nothing() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![text("hello")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(0)));
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("h");
+    step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    let saves = store.saves.load(Ordering::SeqCst);
+    let again = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert_eq!(again.writes, 0);
+    assert_eq!(store.saves.load(Ordering::SeqCst), saves, "no save at all");
+    assert_eq!(model.calls(), 1);
+    assert!(store.state().turns.len() >= 2);
+}
