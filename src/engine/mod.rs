@@ -499,7 +499,7 @@ async fn perform(
     action: Action,
     replay: &mut Vec<Event>,
 ) -> Result<(), EngineError> {
-    let (agent, owner, sid) = (ctx.agent, ctx.owner, ctx.sid);
+    let sid = ctx.sid;
     if starts_work(&action) {
         // Fencing: the claim for this work committed, but a driver that
         // lost its Lease meanwhile (paused past it) must not start it.
@@ -510,163 +510,9 @@ async fn perform(
     }
     match action {
         Action::Checkpoint => unreachable!("handled by the step"),
-        Action::CallModel { turn } => {
-            let reply = p
-                .model
-                .reply(ModelInput {
-                    system_prompt: &agent.system_prompt,
-                    turns: &session.state().turns,
-                    tools: &agent.tools,
-                })
-                .await;
-            let event = match reply {
-                Ok(agent_turn) => {
-                    info!(
-                        session = sid,
-                        turn,
-                        calls = agent_turn.tool_calls.len(),
-                        "model replied"
-                    );
-                    Event::ModelReplied { turn: agent_turn }
-                }
-                Err(e) => {
-                    warn!(session = sid, turn, retryable = e.retryable, error = %e.message, "model call failed");
-                    p.observer.observe(&Progress::ModelError {
-                        session: sid.to_string(),
-                        error: e.message.clone(),
-                        retryable: e.retryable,
-                    });
-                    Event::ModelFailed {
-                        error: e.message,
-                        retryable: e.retryable,
-                        retry_after_ms: e.retry_after.map(|d| d.as_millis() as u64),
-                    }
-                }
-            };
-            replay.push(event.clone());
-            let shown = match &event {
-                Event::ModelReplied { turn } => Some(turn.clone()),
-                _ => None,
-            };
-            let now = p.clock.now();
-            match session.handle(event, now) {
-                Ok(_) => {
-                    if let Some(t) = shown {
-                        p.observer
-                            .observe(&Progress::agent_turn(sid, turn, &t, session.state()));
-                    }
-                }
-                Err(e) => refuse_logged(sid, "model reply", Err::<(), _>(e)),
-            }
-        }
-        Action::RunTool {
-            call,
-            tool_call,
-            idempotency_key,
-            timeout_seconds,
-            cache_key,
-            ..
-        } => {
-            let cached = match &cache_key {
-                Some(k) => p.cache.lookup(k).await?,
-                None => None,
-            };
-            let from_cache = cached.is_some();
-            let result = match cached {
-                Some(r) => r,
-                None => {
-                    let timeout = Duration::from_secs(
-                        timeout_seconds.unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
-                    );
-                    p.tools.run(&tool_call, &idempotency_key, timeout).await
-                }
-            };
-            info!(
-                session = sid,
-                call = %call,
-                tool = %tool_call.name,
-                from_cache,
-                failed = result.is_error(),
-                "tool ran"
-            );
-            p.observer.observe(&Progress::ToolResult {
-                session: sid.to_string(),
-                call: call.to_string(),
-                tool: tool_call.name.clone(),
-                result: result.clone(),
-                by: if from_cache {
-                    Provenance::Cache
-                } else {
-                    Provenance::RunSync
-                },
-            });
-            let event = Event::ToolFinished {
-                call,
-                result,
-                from_cache,
-            };
-            replay.push(event.clone());
-            refuse_logged(sid, "tool result", session.handle(event, p.clock.now()));
-        }
-        Action::EnsureContinuation(spec) => {
-            let now = p.clock.now();
-            let record = p.continuations.ensure(owner, &spec, now).await?;
-            let settled = session
-                .state()
-                .find_call(&spec.token)
-                .filter(|c| c.state.is_final())
-                .and_then(|c| Some((c.result.clone()?, c.completed_by.clone())));
-            if let (Some((result, by)), None) = (settled, &record.result) {
-                // The call ended before its continuation existed (a crash
-                // between the two writes): give the continuation its result.
-                let by = by.unwrap_or_else(|| "agents".into());
-                p.continuations
-                    .complete(&spec.token, &result, &by, now)
-                    .await?;
-            } else if record.decision.is_some() || record.result.is_some() {
-                // Written from outside before we got here (or before a crash).
-                apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
-            } else if let Some(hit) = cache_hit(p, &spec).await? {
-                // Only calls that run by themselves may be answered from the
-                // cache; an approval or a person's answer is never skipped.
-                p.continuations
-                    .complete(&spec.token, &hit, "cache", now)
-                    .await?;
-                let by = "cache".to_string();
-                p.observer.observe(&Progress::ToolResult {
-                    session: sid.to_string(),
-                    call: spec.call_id.to_string(),
-                    tool: spec.tool_call.name.clone(),
-                    result: hit.clone(),
-                    by: Provenance::Cache,
-                });
-                refuse_logged(
-                    sid,
-                    "cached result",
-                    session.handle(
-                        Event::Wake {
-                            token: spec.token.clone(),
-                            result: hit,
-                            by,
-                        },
-                        now,
-                    ),
-                );
-            } else if spec.waiting_for != WaitingFor::Background
-                && !ctx
-                    .known_waits
-                    .contains(&(spec.token.clone(), Some(spec.waiting_for)))
-            {
-                p.observer.observe(&Progress::Deferred {
-                    session: sid.to_string(),
-                    call: spec.call_id.to_string(),
-                    tool: spec.tool_call.name.clone(),
-                    token: spec.token.0.clone(),
-                    waiting_for: spec.waiting_for,
-                    reason: spec.reason.clone(),
-                });
-            }
-        }
+        Action::CallModel { turn } => call_model(p, ctx, session, turn, replay).await,
+        tool @ Action::RunTool { .. } => run_tool(p, sid, session, tool, replay).await?,
+        Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
         Action::RunInBackground { envelope, attempt } => {
             let timeout = attempt_timeout(&envelope);
             let status = p
@@ -690,27 +536,7 @@ async fn perform(
             finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
         }
         Action::RecordResult { token, result, by } => {
-            let outcome = match p
-                .continuations
-                .complete(&token, &result, &by, p.clock.now())
-                .await
-            {
-                // Not created yet (a crash before its ensure): the queued
-                // ensure writes the result when it creates it.
-                Err(StoreError::UnknownToken(_)) => {
-                    debug!(session = sid, %token, "result waits for its continuation");
-                    return Ok(());
-                }
-                other => other?,
-            };
-            if let WriteOnce::AlreadyDifferent { by, .. } = outcome {
-                p.observer.observe(&Progress::Note {
-                    session: sid.to_string(),
-                    message: format!(
-                        "{token} was completed by {by} first; that result stands in the continuation"
-                    ),
-                });
-            }
+            record_result(p, sid, &token, &result, &by).await?
         }
         Action::StoreCache { key, result } => {
             p.cache.remember(&key, &result, p.clock.now()).await?
@@ -720,6 +546,228 @@ async fn perform(
         }
         // Reported from the outlook once the queue is drained.
         Action::Finished { .. } | Action::Failed { .. } => {}
+    }
+    Ok(())
+}
+
+/// Asks the model (its claim committed) and feeds the reply or the failure
+/// to the core, keeping it for a replay should the checkpoint be lost.
+async fn call_model(
+    p: &Ports<'_>,
+    ctx: &StepContext<'_>,
+    session: &mut Session,
+    turn: u32,
+    replay: &mut Vec<Event>,
+) {
+    let (agent, sid) = (ctx.agent, ctx.sid);
+    let reply = p
+        .model
+        .reply(ModelInput {
+            system_prompt: &agent.system_prompt,
+            turns: &session.state().turns,
+            tools: &agent.tools,
+        })
+        .await;
+    let event = match reply {
+        Ok(agent_turn) => {
+            info!(
+                session = sid,
+                turn,
+                calls = agent_turn.tool_calls.len(),
+                "model replied"
+            );
+            Event::ModelReplied { turn: agent_turn }
+        }
+        Err(e) => {
+            warn!(session = sid, turn, retryable = e.retryable, error = %e.message, "model call failed");
+            p.observer.observe(&Progress::ModelError {
+                session: sid.to_string(),
+                error: e.message.clone(),
+                retryable: e.retryable,
+            });
+            Event::ModelFailed {
+                error: e.message,
+                retryable: e.retryable,
+                retry_after_ms: e.retry_after.map(|d| d.as_millis() as u64),
+            }
+        }
+    };
+    replay.push(event.clone());
+    let shown = match &event {
+        Event::ModelReplied { turn } => Some(turn.clone()),
+        _ => None,
+    };
+    let now = p.clock.now();
+    match session.handle(event, now) {
+        Ok(_) => {
+            if let Some(t) = shown {
+                p.observer
+                    .observe(&Progress::agent_turn(sid, turn, &t, session.state()));
+            }
+        }
+        Err(e) => refuse_logged(sid, "model reply", Err::<(), _>(e)),
+    }
+}
+
+/// Runs a `runSync` tool inside the step (or serves it from the cache).
+async fn run_tool(
+    p: &Ports<'_>,
+    sid: &str,
+    session: &mut Session,
+    action: Action,
+    replay: &mut Vec<Event>,
+) -> Result<(), StoreError> {
+    let Action::RunTool {
+        call,
+        tool_call,
+        idempotency_key,
+        timeout_seconds,
+        cache_key,
+        ..
+    } = action
+    else {
+        unreachable!("run_tool takes RunTool actions")
+    };
+    let cached = match &cache_key {
+        Some(k) => p.cache.lookup(k).await?,
+        None => None,
+    };
+    let from_cache = cached.is_some();
+    let result = match cached {
+        Some(r) => r,
+        None => {
+            let timeout = Duration::from_secs(
+                timeout_seconds.unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
+            );
+            p.tools.run(&tool_call, &idempotency_key, timeout).await
+        }
+    };
+    info!(
+        session = sid,
+        call = %call,
+        tool = %tool_call.name,
+        from_cache,
+        failed = result.is_error(),
+        "tool ran"
+    );
+    p.observer.observe(&Progress::ToolResult {
+        session: sid.to_string(),
+        call: call.to_string(),
+        tool: tool_call.name.clone(),
+        result: result.clone(),
+        by: if from_cache {
+            Provenance::Cache
+        } else {
+            Provenance::RunSync
+        },
+    });
+    let event = Event::ToolFinished {
+        call,
+        result,
+        from_cache,
+    };
+    replay.push(event.clone());
+    refuse_logged(sid, "tool result", session.handle(event, p.clock.now()));
+    Ok(())
+}
+
+/// Creates or adopts a call's continuation, and takes in what it already
+/// holds (a result written before a crash, a cached result, a decision).
+async fn ensure_continuation(
+    p: &Ports<'_>,
+    ctx: &StepContext<'_>,
+    session: &mut Session,
+    spec: crate::core::session::ContinuationSpec,
+) -> Result<(), StoreError> {
+    let (owner, sid) = (ctx.owner, ctx.sid);
+    let now = p.clock.now();
+    let record = p.continuations.ensure(owner, &spec, now).await?;
+    let settled = session
+        .state()
+        .find_call(&spec.token)
+        .filter(|c| c.state.is_final())
+        .and_then(|c| Some((c.result.clone()?, c.completed_by.clone())));
+    if let (Some((result, by)), None) = (settled, &record.result) {
+        // The call ended before its continuation existed (a crash
+        // between the two writes): give the continuation its result.
+        let by = by.unwrap_or_else(|| "agents".into());
+        p.continuations
+            .complete(&spec.token, &result, &by, now)
+            .await?;
+    } else if record.decision.is_some() || record.result.is_some() {
+        // Written from outside before we got here (or before a crash).
+        apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
+    } else if let Some(hit) = cache_hit(p, &spec).await? {
+        // Only calls that run by themselves may be answered from the
+        // cache; an approval or a person's answer is never skipped.
+        p.continuations
+            .complete(&spec.token, &hit, "cache", now)
+            .await?;
+        let by = "cache".to_string();
+        p.observer.observe(&Progress::ToolResult {
+            session: sid.to_string(),
+            call: spec.call_id.to_string(),
+            tool: spec.tool_call.name.clone(),
+            result: hit.clone(),
+            by: Provenance::Cache,
+        });
+        refuse_logged(
+            sid,
+            "cached result",
+            session.handle(
+                Event::Wake {
+                    token: spec.token.clone(),
+                    result: hit,
+                    by,
+                },
+                now,
+            ),
+        );
+    } else if spec.waiting_for != WaitingFor::Background
+        && !ctx
+            .known_waits
+            .contains(&(spec.token.clone(), Some(spec.waiting_for)))
+    {
+        p.observer.observe(&Progress::Deferred {
+            session: sid.to_string(),
+            call: spec.call_id.to_string(),
+            tool: spec.tool_call.name.clone(),
+            token: spec.token.0.clone(),
+            waiting_for: spec.waiting_for,
+            reason: spec.reason.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Writes a call's result into its continuation (write-once).
+async fn record_result(
+    p: &Ports<'_>,
+    sid: &str,
+    token: &ContinuationToken,
+    result: &ToolResult,
+    by: &str,
+) -> Result<(), StoreError> {
+    let outcome = match p
+        .continuations
+        .complete(token, result, by, p.clock.now())
+        .await
+    {
+        // Not created yet (a crash before its ensure): the queued
+        // ensure writes the result when it creates it.
+        Err(StoreError::UnknownToken(_)) => {
+            debug!(session = sid, %token, "result waits for its continuation");
+            return Ok(());
+        }
+        other => other?,
+    };
+    if let WriteOnce::AlreadyDifferent { by, .. } = outcome {
+        p.observer.observe(&Progress::Note {
+            session: sid.to_string(),
+            message: format!(
+                "{token} was completed by {by} first; that result stands in the continuation"
+            ),
+        });
     }
     Ok(())
 }
