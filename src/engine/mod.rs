@@ -242,28 +242,40 @@ impl Checkpointer<'_> {
     }
 
     /// A checkpoint may carry what cannot be had again for free (a model's
-    /// reply): a store that is briefly away (an API server restart, a
-    /// throttle) is waited for, up to [`CHECKPOINT_PATIENCE`]. The write is
-    /// a compare-and-swap, so a retry after a write that did land but whose
-    /// answer was lost comes back as a conflict, and the step replays.
+    /// reply): see [`patiently`]. The write is a compare-and-swap, so a
+    /// retry after a write that did land but whose answer was lost comes
+    /// back as a conflict, and the step replays.
     async fn save_patiently(&self, next: &SessionRecord) -> Result<Version, StoreError> {
-        let deadline = self.clock.now().0 + CHECKPOINT_PATIENCE.as_millis() as i64;
-        let mut pause = Duration::from_millis(200);
-        loop {
-            match self.sessions.save(next, &self.version).await {
-                Err(e)
-                    if e.is_transient()
-                        && self.clock.now().0 + (pause.as_millis() as i64) < deadline =>
-                {
-                    warn!(session = %next.state.id, error = %e, retry_in = ?pause, "checkpoint not written; retrying");
-                    let now = self.clock.now();
-                    self.clock
-                        .sleep_until(crate::core::Millis(now.0 + pause.as_millis() as i64))
-                        .await;
-                    pause = (pause * 2).min(Duration::from_secs(3));
-                }
-                other => return other,
+        patiently(self.clock, "checkpoint", || {
+            self.sessions.save(next, &self.version)
+        })
+        .await
+    }
+}
+
+/// Runs a store request, waiting out a store that is briefly away (an API
+/// server restart, etcd restarting, a throttle) for up to
+/// [`CHECKPOINT_PATIENCE`], on the step's clock. Every store request of a
+/// step that has started work goes through it: a step that gave up between
+/// a tool run and its checkpoint would run that tool again.
+async fn patiently<'f, T>(
+    clock: &dyn Clock,
+    what: &str,
+    mut request: impl FnMut() -> futures::future::BoxFuture<'f, Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let deadline = clock.now().0 + CHECKPOINT_PATIENCE.as_millis() as i64;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match request().await {
+            Err(e) if e.is_transient() && clock.now().0 + (pause.as_millis() as i64) < deadline => {
+                warn!(error = %e, retry_in = ?pause, "{what} not done; retrying");
+                let now = clock.now();
+                clock
+                    .sleep_until(crate::core::Millis(now.0 + pause.as_millis() as i64))
+                    .await;
+                pause = (pause * 2).min(Duration::from_secs(3));
             }
+            other => return other,
         }
     }
 }
@@ -411,7 +423,10 @@ async fn absorb(
     if open.is_empty() {
         return Ok(false);
     }
-    let records = p.continuations.list_for(owner).await?;
+    let records = patiently(p.clock, "listing continuations", || {
+        p.continuations.list_for(owner)
+    })
+    .await?;
     let before = session.state().clone();
     for (token, waiting) in open {
         let Some(rec) = records.iter().find(|r| r.token() == &token) else {
@@ -539,7 +554,10 @@ async fn perform(
             record_result(p, sid, &token, &result, &by).await?
         }
         Action::StoreCache { key, result } => {
-            p.cache.remember(&key, &result, p.clock.now()).await?
+            patiently(p.clock, "caching a result", || {
+                p.cache.remember(&key, &result, p.clock.now())
+            })
+            .await?
         }
         Action::Yield { pending } => {
             debug!(session = sid, pending = pending.len(), "yielded");
@@ -629,7 +647,7 @@ async fn run_tool(
         unreachable!("run_tool takes RunTool actions")
     };
     let cached = match &cache_key {
-        Some(k) => p.cache.lookup(k).await?,
+        Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await?,
         None => None,
     };
     let from_cache = cached.is_some();
@@ -681,7 +699,10 @@ async fn ensure_continuation(
 ) -> Result<(), StoreError> {
     let (owner, sid) = (ctx.owner, ctx.sid);
     let now = p.clock.now();
-    let record = p.continuations.ensure(owner, &spec, now).await?;
+    let record = patiently(p.clock, "a continuation", || {
+        p.continuations.ensure(owner, &spec, now)
+    })
+    .await?;
     let settled = session
         .state()
         .find_call(&spec.token)
@@ -691,18 +712,20 @@ async fn ensure_continuation(
         // The call ended before its continuation existed (a crash
         // between the two writes): give the continuation its result.
         let by = by.unwrap_or_else(|| "agents".into());
-        p.continuations
-            .complete(&spec.token, &result, &by, now)
-            .await?;
+        patiently(p.clock, "a result", || {
+            p.continuations.complete(&spec.token, &result, &by, now)
+        })
+        .await?;
     } else if record.decision.is_some() || record.result.is_some() {
         // Written from outside before we got here (or before a crash).
         apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
     } else if let Some(hit) = cache_hit(p, &spec).await? {
         // Only calls that run by themselves may be answered from the
         // cache; an approval or a person's answer is never skipped.
-        p.continuations
-            .complete(&spec.token, &hit, "cache", now)
-            .await?;
+        patiently(p.clock, "a result", || {
+            p.continuations.complete(&spec.token, &hit, "cache", now)
+        })
+        .await?;
         let by = "cache".to_string();
         p.observer.observe(&Progress::ToolResult {
             session: sid.to_string(),
@@ -748,10 +771,11 @@ async fn record_result(
     result: &ToolResult,
     by: &str,
 ) -> Result<(), StoreError> {
-    let outcome = match p
-        .continuations
-        .complete(token, result, by, p.clock.now())
-        .await
+    let now = p.clock.now();
+    let outcome = match patiently(p.clock, "a result", || {
+        p.continuations.complete(token, result, by, now)
+    })
+    .await
     {
         // Not created yet (a crash before its ensure): the queued
         // ensure writes the result when it creates it.
@@ -861,7 +885,7 @@ async fn cache_hit(
         return Ok(None);
     }
     match &spec.cache_key {
-        Some(k) => p.cache.lookup(k).await,
+        Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await,
         None => Ok(None),
     }
 }

@@ -32,6 +32,8 @@ struct MemStore {
     cache: Mutex<BTreeMap<String, ToolResult>>,
     faults: Mutex<VecDeque<Fault>>,
     saves: AtomicU32,
+    /// Continuation writes that fail as unavailable before one goes through.
+    ensure_faults: AtomicU32,
 }
 
 impl MemStore {
@@ -127,6 +129,13 @@ impl ContinuationPort for MemStore {
         spec: &'a crate::core::session::ContinuationSpec,
         now: Millis,
     ) -> BoxFuture<'a, StoreResult<ContinuationRecord>> {
+        if self
+            .ensure_faults
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Box::pin(async { Err(StoreError::Unavailable("injected".into())) });
+        }
         let mut all = self.continuations.lock().unwrap();
         let rec = all
             .entry(spec.token.0.clone())
@@ -404,6 +413,39 @@ async fn a_briefly_unavailable_store_is_waited_out_and_nothing_is_asked_twice() 
     assert_eq!(tools.runs.lock().unwrap().values().sum::<u32>(), 1);
     // The waits were on the step's clock, not real time.
     assert!(clock.now().0 >= 1_000 + 200 + 400 + 800);
+}
+
+#[tokio::test]
+async fn a_store_away_between_a_tool_run_and_its_next_write_runs_the_tool_once() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["now", "later"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    rt.config.policy.rules.push(crate::core::policy::Rule {
+        tool: "later".into(),
+        disposition: crate::core::Disposition::RunAsync,
+        decorators: Default::default(),
+    });
+    // `now` ran in the step; the continuation of `later` cannot be written
+    // for a while (the API server restarts).
+    store.ensure_faults.store(4, Ordering::SeqCst);
+    let holder = Holder::named("h");
+    // Stepped again as a driver would after a failed step, until done.
+    let mut outcome = None;
+    for _ in 0..8 {
+        match step(&p, &id(), &rt, &holder, Roles::ALL).await {
+            Ok(r) if matches!(r.outcome, StepOutcome::Succeeded { .. }) => {
+                outcome = Some(r.outcome);
+                break;
+            }
+            _ => continue,
+        }
+    }
+    assert!(outcome.is_some(), "the session never finished");
+    let runs = tools.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.values().all(|n| *n == 1), "each tool once: {runs:?}");
 }
 
 #[tokio::test]
