@@ -9,75 +9,26 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::fake::World;
+use support::launcher::Operator;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const SESSIONS: usize = 20;
 const KILLS: usize = 20;
 
-fn operator(ns: &str, kubeconfig: &Path, n: usize) -> Child {
-    let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{n}.log"));
-    Command::new(BIN)
-        .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,kube=warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+fn operator(ns: &str, kubeconfig: &Path, n: usize) -> Operator {
+    Operator::start(BIN, &format!("{ns}-{n}"), kubeconfig, &["-n", ns], &[])
 }
 
-/// Counts requests per Idempotency-Key; answers after a short delay so
-/// kills land while tools run.
-fn tool_server() -> (u16, Arc<Mutex<HashMap<String, u32>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let keys = Arc::new(Mutex::new(HashMap::new()));
-    let seen = keys.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let (mut len, mut key) = (0, String::new());
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let lower = line.to_ascii_lowercase();
-                    if let Some(v) = lower.strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                    if lower.starts_with("idempotency-key:") {
-                        key = line["idempotency-key:".len()..].trim().to_string();
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                }
-                let mut buf = vec![0; len];
-                let _ = reader.read_exact(&mut buf);
-                *seen.lock().unwrap().entry(key).or_insert(0) += 1;
-                std::thread::sleep(Duration::from_millis(150));
-                let body = r#"{"done":true}"#;
-                let _ = write!(
-                    reader.into_inner(),
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    (port, keys)
+/// Counts requests per Idempotency-Key; `later` answers after a short
+/// delay so kills land while tools run.
+fn tool_server() -> (u16, World) {
+    let world = World::new(2, Duration::from_millis(150));
+    (world.listen("direct"), world)
 }
 
 fn manifests(port: u16) -> String {
@@ -110,40 +61,6 @@ spec:
         out.push_str(&format!(
             "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}}}\nspec:\n  agentRef: {{name: worker}}\n  messages: [\"work {i}\"]\n"
         ));
-    }
-    out
-}
-
-/// `apiserver_request_total` summed by (verb, resource) for our kinds.
-fn api_writes() -> BTreeMap<(String, String), u64> {
-    let metrics = kubectl_ok(["get", "--raw", "/metrics"]);
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let get = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let (verb, resource) = (get("verb"), get("resource"));
-        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
-            continue;
-        }
-        if !matches!(
-            resource.as_str(),
-            "sessions" | "continuations" | "configmaps" | "jobs"
-        ) {
-            continue;
-        }
-        let n: f64 = value.trim().parse().unwrap_or(0.0);
-        *out.entry((verb, resource)).or_insert(0) += n as u64;
     }
     out
 }
@@ -181,14 +98,13 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     let (port, keys) = tool_server();
     let file = std::env::temp_dir().join(format!("agents-kill-{}.yaml", ns.name));
     std::fs::write(&file, manifests(port)).unwrap();
-    let writes_before = api_writes();
+    let writes_before = support::api_writes();
     let started = Instant::now();
     let mut op = operator(&ns.name, &kubeconfig, 0);
     kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
     for k in 0..KILLS {
         std::thread::sleep(Duration::from_millis(rng.below(600)));
-        let _ = op.kill(); // SIGKILL, by PID
-        let _ = op.wait();
+        drop(op); // SIGKILL, by PID, and reaped
         op = operator(&ns.name, &kubeconfig, k + 1);
     }
     let out = kubectl([
@@ -207,9 +123,8 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
         String::from_utf8_lossy(&out.stderr),
         kubectl_ok(["get", "sessions", "-n", &ns.name])
     );
-    let _ = op.kill();
-    let _ = op.wait();
-    let writes_after = api_writes();
+    drop(op);
+    let writes_after = support::api_writes();
 
     // Each session: one continuation (its runAsync call), never two.
     let conts = kubectl_ok(["get", "continuations", "-n", &ns.name, "-o", "json"]);
@@ -225,7 +140,7 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
 
     // Every call's effect arrived under its own stable key: 3 calls per
     // session, 60 distinct keys, each naming its session and call.
-    let keys = keys.lock().unwrap().clone();
+    let keys = keys.keys_seen();
     let sent: u32 = keys.values().sum();
     let repeated: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
     eprintln!(

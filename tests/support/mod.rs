@@ -12,6 +12,10 @@
 //! `~/.kube/config` and `KUBECONFIG` are never read.
 #![allow(dead_code)]
 
+pub mod fake;
+pub mod launcher;
+
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -483,4 +487,38 @@ pub fn agents_image() -> Option<String> {
         Ok(image) => Some(image),
         Err(why) => skip_or_fail(&format!("no agents image in the test cluster: {why}")),
     }
+}
+
+/// `apiserver_request_total` summed by (verb, resource) for our kinds.
+pub fn api_writes() -> BTreeMap<(String, String), u64> {
+    let metrics = kubectl_ok(["get", "--raw", "/metrics"]);
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let get = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let (verb, resource) = (get("verb"), get("resource"));
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
+            continue;
+        }
+        if !matches!(
+            resource.as_str(),
+            "sessions" | "continuations" | "configmaps" | "jobs"
+        ) {
+            continue;
+        }
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        *out.entry((verb, resource)).or_insert(0) += n as u64;
+    }
+    out
 }

@@ -1,0 +1,249 @@
+//! A fake of the outside world for operator tests: one OpenAI-compatible
+//! model and the http tools, behind tagged listeners, counting what they
+//! are asked (model turns per session, side effects per idempotency key,
+//! and who asked).
+//!
+//! The model script: turn 0 asks for `now` and `later`, the turns up to
+//! `turns - 2` ask for `now`, the last one answers "done". A session's user
+//! message is `work <session name>`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the fake model and tool servers saw.
+#[derive(Default)]
+struct Seen {
+    /// (session, turn) -> requests.
+    turns: BTreeMap<(String, usize), u32>,
+    /// Idempotency key -> requests.
+    keys: BTreeMap<String, u32>,
+    /// Idempotency key -> the listeners that took it, in order.
+    senders: BTreeMap<String, Vec<String>>,
+    /// (who, when) of every request: the listener that took it.
+    log: Vec<(String, Instant)>,
+}
+
+/// One OpenAI-compatible model and the http tools, behind any number of
+/// listeners ("ports"), each tagged: an operator given a listener as its
+/// HTTP proxy is told apart from another by the tag.
+#[derive(Clone)]
+pub struct World {
+    seen: Arc<Mutex<Seen>>,
+    /// Model turns per session: turn 0 asks for `now` and `later`, turns
+    /// up to `turns - 2` ask for `now`, the last answers.
+    turns: usize,
+    later_delay: Duration,
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+impl World {
+    pub fn new(turns: usize, later_delay: Duration) -> World {
+        World {
+            seen: Arc::default(),
+            turns,
+            later_delay,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// A listener tagged `tag`; returns its port.
+    pub fn listen(&self, tag: &str) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (world, tag) = (self.clone(), tag.to_string());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (world, tag) = (world.clone(), tag.clone());
+                std::thread::spawn(move || world.serve(stream, &tag));
+            }
+        });
+        port
+    }
+
+    fn serve(&self, stream: TcpStream, tag: &str) {
+        let mut reader = BufReader::new(stream);
+        let mut first = String::new();
+        if reader.read_line(&mut first).unwrap_or(0) == 0 {
+            return;
+        }
+        let (mut len, mut key) = (0, String::new());
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let lower = line.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("idempotency-key:") {
+                key = line["idempotency-key:".len()..].trim().to_string();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        // As a proxy the target is absolute: keep its path.
+        let target = first.split_whitespace().nth(1).unwrap_or("/").to_string();
+        let path = match target.strip_prefix("http://") {
+            Some(rest) => rest
+                .find('/')
+                .map(|i| &rest[i..])
+                .unwrap_or("/")
+                .to_string(),
+            None => target,
+        };
+        self.seen
+            .lock()
+            .unwrap()
+            .log
+            .push((tag.to_string(), Instant::now()));
+        let reply = if path.ends_with("/chat/completions") {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            let reply = self.model(&body);
+            std::thread::sleep(Duration::from_millis(150));
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            reply
+        } else {
+            let mut seen = self.seen.lock().unwrap();
+            *seen.keys.entry(key.clone()).or_insert(0) += 1;
+            seen.senders.entry(key).or_default().push(tag.to_string());
+            drop(seen);
+            std::thread::sleep(if path.ends_with("/later") {
+                self.later_delay
+            } else {
+                Duration::from_millis(50)
+            });
+            r#"{"ok":true}"#.to_string()
+        };
+        let _ = write!(
+            reader.into_inner(),
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+            reply.len()
+        );
+    }
+
+    fn model(&self, body: &[u8]) -> String {
+        let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let session = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .and_then(|c| c.strip_prefix("work "))
+            .unwrap_or("?")
+            .to_string();
+        let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
+        *self
+            .seen
+            .lock()
+            .unwrap()
+            .turns
+            .entry((session, turn))
+            .or_insert(0) += 1;
+        let call = |id: String, name: &str| {
+            serde_json::json!({"id": id, "type": "function",
+                "function": {"name": name, "arguments": format!("{{\"turn\":{turn}}}")}})
+        };
+        let message = if turn + 1 >= self.turns {
+            serde_json::json!({"role": "assistant", "content": "done"})
+        } else if turn == 0 {
+            serde_json::json!({"role": "assistant", "content": null,
+                "tool_calls": [call(format!("n{turn}"), "now"), call(format!("l{turn}"), "later")]})
+        } else {
+            serde_json::json!({"role": "assistant", "content": null,
+                "tool_calls": [call(format!("n{turn}"), "now")]})
+        };
+        serde_json::json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+            .to_string()
+    }
+
+    pub fn turns_seen(&self) -> BTreeMap<(String, usize), u32> {
+        self.seen.lock().unwrap().turns.clone()
+    }
+
+    pub fn keys_seen(&self) -> BTreeMap<String, u32> {
+        self.seen.lock().unwrap().keys.clone()
+    }
+
+    /// Requests taken by listener `tag` after `since`.
+    pub fn requests_by_after(&self, tag: &str, since: Instant) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|(t, at)| t == tag && *at > since)
+            .count()
+    }
+
+    /// Every session asked each model turn once, and sent each call's side
+    /// effect once under its own key; `allowed_repeats` turns may have been
+    /// asked twice, and side effects whose senders `handover` allows sent
+    /// twice (work cut off by a pause of the process that started it, taken
+    /// over under the same key by the next one).
+    pub fn check(&self, sessions: &[String], allowed_repeats: usize) {
+        self.check_with(sessions, allowed_repeats, |_| false)
+    }
+
+    pub fn check_with(
+        &self,
+        sessions: &[String],
+        allowed_repeats: usize,
+        handover: impl Fn(&[String]) -> bool,
+    ) {
+        let turns = self.turns_seen();
+        let keys = self.keys_seen();
+        let mut repeated = Vec::new();
+        for s in sessions {
+            for t in 0..self.turns {
+                match turns.get(&(s.clone(), t)) {
+                    Some(1) => {}
+                    Some(n) => repeated.push(format!("{s} turn {t}: {n} times")),
+                    None => panic!("{s} turn {t} was never asked: {turns:?}"),
+                }
+            }
+        }
+        assert!(
+            repeated.len() <= allowed_repeats,
+            "model turns asked more than once: {repeated:?}"
+        );
+        // Calls: `now` on every turn but the last, `later` on turn 0.
+        let calls_per_session = self.turns;
+        let senders = self.seen.lock().unwrap().senders.clone();
+        let sent_again: Vec<_> = keys
+            .iter()
+            .filter(|(k, n)| **n > 1 && !handover(&senders[*k]))
+            .collect();
+        let taken_over = keys.iter().filter(|(_, n)| **n > 1).count() - sent_again.len();
+        eprintln!(
+            "{} sessions: {} model requests, {} distinct keys, repeated turns {repeated:?}, keys sent again {sent_again:?}, keys taken over by the next driver {taken_over}",
+            sessions.len(),
+            turns.values().sum::<u32>(),
+            keys.len()
+        );
+        for s in sessions {
+            let mine: BTreeSet<&String> = keys
+                .keys()
+                .filter(|k| k.contains(&format!("/{s}/")))
+                .collect();
+            assert_eq!(
+                mine.len(),
+                calls_per_session,
+                "{s}: one key per call: {mine:?}"
+            );
+        }
+        assert!(
+            sent_again.is_empty(),
+            "every side effect once: {sent_again:?}"
+        );
+    }
+}

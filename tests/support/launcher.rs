@@ -1,0 +1,92 @@
+//! The operator as a child process: its own loopback metrics port, a log
+//! file, a clean environment (only what the test passes), killed on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A free loopback port (bound and released: another process may take it
+/// first, which tests accept).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Operator {
+    pub child: Child,
+    pub metrics: u16,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// `agents operator ARGS` with KUBECONFIG, RUST_LOG, and `env` only.
+    pub fn start(
+        bin: &str,
+        name: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> Operator {
+        let metrics = free_port();
+        let log = std::env::temp_dir().join(format!("agents-operator-{name}.log"));
+        let mut cmd = Command::new(bin);
+        cmd.arg("operator")
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .args(args)
+            .env_clear()
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .env("NO_PROXY", "")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Operator {
+            child: cmd.spawn().unwrap(),
+            metrics,
+            log,
+        }
+    }
+
+    /// GET `path` on the metrics port: (status, body).
+    pub fn probe(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.metrics)) else {
+            return (0, "not listening".into());
+        };
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
