@@ -146,6 +146,43 @@ pub struct Context {
     announced: Mutex<HashSet<String>>,
 }
 
+impl Context {
+    fn new(
+        client: &Client,
+        ns: Option<&str>,
+        opts: &Options,
+        holder: Holder,
+        background: Arc<Background>,
+        metrics: Arc<crate::observe::Metrics>,
+    ) -> Context {
+        Context {
+            client: client.clone(),
+            holder,
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: CONTROLLER_NAME.into(),
+                    instance: Some(lease_identity(&OperatorIdentity::current())),
+                },
+            ),
+            background,
+            cache: Arc::new(MemoryCache::default()),
+            jobs: opts.agents_image.as_ref().map(|image| {
+                crate::runner::job::JobRunner::new(
+                    client.clone(),
+                    ns.unwrap_or("default"),
+                    image,
+                    opts.job_defaults.clone(),
+                )
+            }),
+            metrics,
+            options: opts.clone(),
+            failures: Mutex::new(HashMap::new()),
+            announced: Mutex::new(HashSet::new()),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -412,36 +449,112 @@ pub async fn run_with(
     let controller = Controller::for_stream(session_events, sessions.clone());
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Session>>();
     let background = Arc::new(Background::new(wake_tx.clone()));
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        holder: holder.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: Some(lease_identity(&OperatorIdentity::current())),
-            },
-        ),
-        background: background.clone(),
-        cache: Arc::new(MemoryCache::default()),
-        jobs: opts.agents_image.as_ref().map(|image| {
-            crate::runner::job::JobRunner::new(
-                client.clone(),
-                ns.unwrap_or("default"),
-                image,
-                opts.job_defaults.clone(),
-            )
-        }),
+    let ctx = Arc::new(Context::new(
+        &client,
+        ns,
+        &opts,
+        holder.clone(),
+        background.clone(),
         metrics,
-        options: opts.clone(),
-        failures: Mutex::new(HashMap::new()),
-        announced: Mutex::new(HashSet::new()),
-    });
+    ));
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
+    spawn_loops(&client, ns, &opts, &health, &sessions, background, wake_tx);
+    let controller_guard = health.register_loop(&format!("sessions/{scope}"));
+    let wakes =
+        futures::stream::unfold(
+            wake_rx,
+            |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+        );
+    let agents = agents::controller(&watching, ns, ctx.clone(), &health);
+    let sessions_controller = with_triggers(controller, &watching, ns, &health, &sessions)
+        .reconcile_on(wakes)
+        .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(session = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile not done"),
+            }
+        });
+    futures::join!(sessions_controller, agents);
+    drop(controller_guard);
+    info!("operator stopped");
+    Ok(())
+}
+
+/// What else steps a session: its Continuations (a result written), the
+/// Agent it names (created or fixed), and its tool Jobs and their pods.
+fn with_triggers(
+    controller: Controller<Session>,
+    watching: &Client,
+    ns: Option<&str>,
+    health: &crate::observe::Health,
+    sessions: &Store<Session>,
+) -> Controller<Session> {
+    let scope = ns.unwrap_or("all");
+    let by_agent = sessions.clone();
+    let job_selector = watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR);
+    controller
+        .owns_stream(
+            tracked_watch(
+                api::<Continuation>(watching, ns),
+                watcher::Config::default(),
+                health,
+                format!("watch continuations/{scope}"),
+            )
+            .touched_objects(),
+        )
+        .watches_stream(
+            tracked_watch(
+                api::<Agent>(watching, ns),
+                watcher::Config::default(),
+                health,
+                format!("watch agents/{scope}"),
+            )
+            .touched_objects(),
+            move |agent: Agent| sessions_using(&by_agent, &agent),
+        )
+        // A tool Job or its pod changing (done, failed, stuck on its
+        // image) steps its session: the result is read at once.
+        .watches_stream(
+            tracked_watch(
+                api::<k8s_openapi::api::batch::v1::Job>(watching, ns),
+                job_selector.clone(),
+                health,
+                format!("watch jobs/{scope}"),
+            )
+            .touched_objects(),
+            |job| session_of_tool(&job),
+        )
+        .watches_stream(
+            tracked_watch(
+                api::<k8s_openapi::api::core::v1::Pod>(watching, ns),
+                job_selector,
+                health,
+                format!("watch pods/{scope}"),
+            )
+            .touched_objects(),
+            |pod| session_of_tool(&pod),
+        )
+}
+
+/// The loops beside the controller: the API probe, the sweep of deleted
+/// sessions' runs, and the resync.
+fn spawn_loops(
+    client: &Client,
+    ns: Option<&str>,
+    opts: &Options,
+    health: &crate::observe::Health,
+    sessions: &Store<Session>,
+    background: Arc<Background>,
+    wake_tx: tokio::sync::mpsc::UnboundedSender<ObjectRef<Session>>,
+) {
+    let scope = ns.unwrap_or("all").to_string();
     tokio::spawn(api_probe(
-        api::<Session>(&client, ns),
+        api::<Session>(client, ns),
         health.clone(),
         format!("list sessions/{scope}"),
     ));
@@ -459,71 +572,6 @@ pub async fn run_with(
         let _guard = resync_guard;
         resync_loop(resynced, resync_tx, period, rate).await
     });
-    let controller_guard = health.register_loop(&format!("sessions/{scope}"));
-    let wakes =
-        futures::stream::unfold(
-            wake_rx,
-            |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
-        );
-    let by_agent = sessions.clone();
-    let agents = agents::controller(&watching, ns, ctx.clone(), &health);
-    let job_selector = watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR);
-    let sessions_controller = controller
-        .owns_stream(
-            tracked_watch(
-                api::<Continuation>(&watching, ns),
-                watcher::Config::default(),
-                &health,
-                format!("watch continuations/{scope}"),
-            )
-            .touched_objects(),
-        )
-        .watches_stream(
-            tracked_watch(
-                api::<Agent>(&watching, ns),
-                watcher::Config::default(),
-                &health,
-                format!("watch agents/{scope}"),
-            )
-            .touched_objects(),
-            move |agent: Agent| sessions_using(&by_agent, &agent),
-        )
-        // A tool Job or its pod changing (done, failed, stuck on its
-        // image) steps its session: the result is read at once.
-        .watches_stream(
-            tracked_watch(
-                api::<k8s_openapi::api::batch::v1::Job>(&watching, ns),
-                job_selector.clone(),
-                &health,
-                format!("watch jobs/{scope}"),
-            )
-            .touched_objects(),
-            |job| session_of_tool(&job),
-        )
-        .watches_stream(
-            tracked_watch(
-                api::<k8s_openapi::api::core::v1::Pod>(&watching, ns),
-                job_selector,
-                &health,
-                format!("watch pods/{scope}"),
-            )
-            .touched_objects(),
-            |pod| session_of_tool(&pod),
-        )
-        .reconcile_on(wakes)
-        .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(session = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile not done"),
-            }
-        });
-    futures::join!(sessions_controller, agents);
-    drop(controller_guard);
-    info!("operator stopped");
-    Ok(())
 }
 
 /// Readiness and a health signal independent of watch traffic: lists one
@@ -818,77 +866,115 @@ fn ready(status: Status, reason: &str, message: String) -> Condition {
     Condition::new("Ready", status, reason, message)
 }
 
+/// One reconcile, as a pipeline: dereference and validate the agent (a
+/// session that cannot run gets `Ready=False`), one engine step, then the
+/// report (conditions, Events, metrics) and the requeue.
 async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = session.name_any();
     let ns = session
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
-    let uid = session.uid().unwrap_or_default();
-    let key = format!("{ns}/{name}");
     if session.metadata.deletion_timestamp.is_some() {
         // Its continuations go by garbage collection; its runs by the sweep.
         return Ok(Action::await_change());
     }
-    let id = SessionId(name.clone());
-    let oref = session.object_ref(&());
     let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
-        Err(not_ready) => {
-            let store = store.with_conditions(vec![ready(
-                Status::False,
-                not_ready.reason,
-                not_ready.message.clone(),
-            )]);
-            // Read fresh: the conditions follow the stored state.
-            let Some(loaded) = crate::engine::SessionPort::load(&store, &id).await? else {
-                return Ok(Action::await_change());
-            };
-            let state = loaded.value.state;
-            if store.settle(&id, &state).await? {
-                warn!(session = %key, reason = not_ready.reason, message = %not_ready.message, "session not ready");
-                publish(
-                    &ctx,
-                    &oref,
-                    kube::runtime::events::Event {
-                        type_: kube::runtime::events::EventType::Warning,
-                        reason: not_ready.reason.into(),
-                        note: Some(not_ready.message),
-                        action: "ResolveAgent".into(),
-                        secondary: None,
-                    },
-                )
-                .await;
-            }
-            ctx.failures.lock().expect("failures").remove(&key);
-            return Ok(Action::requeue(not_ready.recheck));
-        }
+        Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
     };
     let store = store.with_conditions(vec![ready(
         Status::True,
         "AgentResolved",
         format!("agent {} resolved and valid", resolved.agent_name),
     )]);
+    let (report, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
+    let id = SessionId(name.clone());
+    let settled = store.settle(&id, &report.state).await?;
+    ctx.background
+        .prune(&session.uid().unwrap_or_default(), &report.state);
+    ctx.failures
+        .lock()
+        .expect("failures")
+        .remove(&format!("{ns}/{name}"));
+    report_step(&ctx, &session, &report, progress).await;
+    info!(
+        session = %format!("{ns}/{name}"),
+        outcome = outcome_name(&report.outcome),
+        writes = report.writes,
+        api_writes = store.api_writes(),
+        wrote = report.writes > 0 || settled,
+        "step"
+    );
+    Ok(requeue_for(&report.outcome, SystemClock.now()))
+}
+
+/// A session whose agent cannot run now: its `Ready=False` condition (and
+/// an Event when that is news), and a recheck.
+async fn report_not_ready(
+    ctx: &Context,
+    session: &Session,
+    store: KubeStore,
+    not_ready: NotReady,
+) -> Result<Action, Error> {
+    let id = SessionId(session.name_any());
+    let key = format!(
+        "{}/{}",
+        session.namespace().unwrap_or_default(),
+        session.name_any()
+    );
+    let store = store.with_conditions(vec![ready(
+        Status::False,
+        not_ready.reason,
+        not_ready.message.clone(),
+    )]);
+    // Read fresh: the conditions follow the stored state.
+    let Some(loaded) = crate::ports::SessionPort::load(&store, &id).await? else {
+        return Ok(Action::await_change());
+    };
+    if store.settle(&id, &loaded.value.state).await? {
+        warn!(session = %key, reason = not_ready.reason, message = %not_ready.message, "session not ready");
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: not_ready.reason.into(),
+            note: Some(not_ready.message),
+            action: "ResolveAgent".into(),
+            secondary: None,
+        };
+        publish(ctx, &session.object_ref(&()), event).await;
+    }
+    ctx.failures.lock().expect("failures").remove(&key);
+    Ok(Action::requeue(not_ready.recheck))
+}
+
+/// The engine step over the cluster's ports; returns its report and what
+/// it observed.
+async fn step_session(
+    ctx: &Context,
+    session: &Session,
+    ns: &str,
+    store: &KubeStore,
+    resolved: &Resolved,
+) -> Result<(engine::StepReport, Vec<Progress>), Error> {
     let progress: Mutex<Vec<Progress>> = Mutex::new(Vec::new());
     let observer = |p: &Progress| progress.lock().expect("progress").push(p.clone());
     let model = AgentModel(&resolved.model);
     let tools = AgentTools(&resolved.tools);
     let runner = SessionRunner {
         background: ctx.background.clone(),
-        session: ObjectRef::from_obj(session.as_ref()),
-        uid: uid.clone(),
+        session: ObjectRef::from_obj(session),
+        uid: session.uid().unwrap_or_default(),
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
     };
-    let clock = SystemClock;
     let ports = Ports {
-        sessions: &store,
-        continuations: &store,
-        cache: &store,
+        sessions: store,
+        continuations: store,
+        cache: store,
         model: &model,
         tools: &tools,
         runner: &runner,
-        clock: &clock,
+        clock: &SystemClock,
         observer: &observer,
     };
     let roles = Roles {
@@ -896,12 +982,20 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         background: true,
         isolated: ctx.jobs.is_some(),
     };
+    let id = SessionId(session.name_any());
     let report = engine::step(&ports, &id, &resolved.runtime, &ctx.holder, roles).await?;
-    let settled = store.settle(&id, &report.state).await?;
-    ctx.background.prune(&uid, &report.state);
-    ctx.failures.lock().expect("failures").remove(&key);
-    let wrote = report.writes > 0 || settled;
-    let mut progress = progress.into_inner().expect("progress");
+    Ok((report, progress.into_inner().expect("progress")))
+}
+
+/// Metrics and Events for what a step did; a wait already announced is not
+/// announced again (every step re-ensures open continuations).
+async fn report_step(
+    ctx: &Context,
+    session: &Session,
+    report: &engine::StepReport,
+    mut progress: Vec<Progress>,
+) {
+    let uid = session.uid().unwrap_or_default();
     {
         let mut announced = ctx.announced.lock().expect("announced");
         if announced.len() > 100_000 {
@@ -916,48 +1010,57 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
     }
     ctx.metrics.reconciled(true);
     for p in &progress {
-        use crate::observe::{TOOL_COMPLETED, TOOL_DEFERRED, TOOL_FAILED};
-        match p {
-            Progress::AgentTurn { .. } => ctx.metrics.model_call(true),
-            Progress::Woke { waited_ms, .. } => {
-                ctx.metrics.wake_latency(Duration::from_millis(*waited_ms))
-            }
-            Progress::ModelError { .. } => ctx.metrics.model_call(false),
-            Progress::ToolResult { result, by, .. } => {
-                // How it ran; a result from outside counts as `external`,
-                // whatever name its writer gave.
-                let how = match by {
-                    Provenance::RunSync => "runSync",
-                    Provenance::Cache => "cache",
-                    Provenance::Runner(label) => label,
-                    Provenance::Outside(_) => "external",
-                };
-                let outcome = if result.is_error() {
-                    TOOL_FAILED
-                } else {
-                    TOOL_COMPLETED
-                };
-                ctx.metrics.tool_call(how, outcome);
-            }
-            Progress::Deferred { waiting_for, .. } => {
-                let how = match waiting_for {
-                    crate::core::WaitingFor::Approval => "approval",
-                    crate::core::WaitingFor::Background => "runAsync",
-                    crate::core::WaitingFor::Isolated => "runIsolated",
-                    crate::core::WaitingFor::External => "defer",
-                };
-                ctx.metrics.tool_call(how, TOOL_DEFERRED);
-            }
-            _ => {}
-        }
+        count(&ctx.metrics, p);
     }
     let mut evs = events::for_progress(&progress, report.writes > 0);
     evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
+    let reference = session.object_ref(&());
     for e in evs {
-        publish(&ctx, &oref, e).await;
+        publish(ctx, &reference, e).await;
     }
-    let now = clock.now();
-    let action = match &report.outcome {
+}
+
+/// One engine event in the operator's metrics.
+fn count(metrics: &crate::observe::Metrics, p: &Progress) {
+    use crate::observe::{TOOL_COMPLETED, TOOL_DEFERRED, TOOL_FAILED};
+    match p {
+        Progress::AgentTurn { .. } => metrics.model_call(true),
+        Progress::Woke { waited_ms, .. } => metrics.wake_latency(Duration::from_millis(*waited_ms)),
+        Progress::ModelError { .. } => metrics.model_call(false),
+        Progress::ToolResult { result, by, .. } => {
+            // How it ran; a result from outside counts as `external`,
+            // whatever name its writer gave.
+            let how = match by {
+                Provenance::RunSync => "runSync",
+                Provenance::Cache => "cache",
+                Provenance::Runner(label) => label,
+                Provenance::Outside(_) => "external",
+            };
+            let outcome = if result.is_error() {
+                TOOL_FAILED
+            } else {
+                TOOL_COMPLETED
+            };
+            metrics.tool_call(how, outcome);
+        }
+        Progress::Deferred { waiting_for, .. } => {
+            let how = match waiting_for {
+                crate::core::WaitingFor::Approval => "approval",
+                crate::core::WaitingFor::Background => "runAsync",
+                crate::core::WaitingFor::Isolated => "runIsolated",
+                crate::core::WaitingFor::External => "defer",
+            };
+            metrics.tool_call(how, TOOL_DEFERRED);
+        }
+        _ => {}
+    }
+}
+
+/// When to look at the session again: at the engine's time (deadlines,
+/// backoff), at most [`IDLE_RECHECK`] from now; never for a final or idle one
+/// (an edit or the resync brings it back).
+fn requeue_for(outcome: &StepOutcome, now: crate::core::Millis) -> Action {
+    match outcome {
         StepOutcome::Busy { at } => Action::requeue(until(now, *at).min(IDLE_RECHECK)),
         StepOutcome::Waiting { wake_at, .. } => Action::requeue(
             wake_at
@@ -969,16 +1072,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         | StepOutcome::Failed { .. }
         | StepOutcome::Paused
         | StepOutcome::Idle => Action::await_change(),
-    };
-    info!(
-        session = %key,
-        outcome = outcome_name(&report.outcome),
-        writes = report.writes,
-        api_writes = store.api_writes(),
-        wrote,
-        "step"
-    );
-    Ok(action)
+    }
 }
 
 fn outcome_name(o: &StepOutcome) -> &'static str {
