@@ -21,10 +21,13 @@ struct Seen {
     turns: BTreeMap<(String, usize), u32>,
     /// Idempotency key -> requests.
     keys: BTreeMap<String, u32>,
+    /// (session, turn) -> the listeners that took it, in order.
+    turn_senders: BTreeMap<(String, usize), Vec<String>>,
     /// Idempotency key -> the listeners that took it, in order.
     senders: BTreeMap<String, Vec<String>>,
     /// (who, when) of every request: the listener that took it.
-    log: Vec<(String, Instant)>,
+    /// (listener, when, path and key) of every request.
+    log: Vec<(String, Instant, String)>,
 }
 
 /// One OpenAI-compatible model and the http tools, behind any number of
@@ -37,6 +40,8 @@ pub struct World {
     /// up to `turns - 2` ask for `now`, the last answers.
     turns: usize,
     later_delay: Duration,
+    /// How long the model takes to answer.
+    model_delay: Duration,
     pub in_flight: Arc<AtomicUsize>,
 }
 
@@ -46,8 +51,15 @@ impl World {
             seen: Arc::default(),
             turns,
             later_delay,
+            model_delay: Duration::from_millis(150),
             in_flight: Arc::default(),
         }
+    }
+
+    /// The same world with a model that takes `delay` to answer.
+    pub fn with_model_delay(mut self, delay: Duration) -> World {
+        self.model_delay = delay;
+        self
     }
 
     /// A listener tagged `tag`; returns its port.
@@ -101,15 +113,15 @@ impl World {
                 .to_string(),
             None => target,
         };
-        self.seen
-            .lock()
-            .unwrap()
-            .log
-            .push((tag.to_string(), Instant::now()));
+        self.seen.lock().unwrap().log.push((
+            tag.to_string(),
+            Instant::now(),
+            format!("{path} {key}"),
+        ));
         let reply = if path.ends_with("/chat/completions") {
             self.in_flight.fetch_add(1, Ordering::SeqCst);
-            let reply = self.model(&body);
-            std::thread::sleep(Duration::from_millis(150));
+            let reply = self.model(&body, tag);
+            std::thread::sleep(self.model_delay);
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             reply
         } else {
@@ -131,7 +143,7 @@ impl World {
         );
     }
 
-    fn model(&self, body: &[u8]) -> String {
+    fn model(&self, body: &[u8], tag: &str) -> String {
         let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         let messages = req["messages"].as_array().cloned().unwrap_or_default();
         let session = messages
@@ -142,13 +154,13 @@ impl World {
             .unwrap_or("?")
             .to_string();
         let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
-        *self
-            .seen
-            .lock()
-            .unwrap()
-            .turns
+        let mut seen = self.seen.lock().unwrap();
+        *seen.turns.entry((session.clone(), turn)).or_insert(0) += 1;
+        seen.turn_senders
             .entry((session, turn))
-            .or_insert(0) += 1;
+            .or_default()
+            .push(tag.to_string());
+        drop(seen);
         let call = |id: String, name: &str| {
             serde_json::json!({"id": id, "type": "function",
                 "function": {"name": name, "arguments": format!("{{\"turn\":{turn}}}")}})
@@ -176,13 +188,19 @@ impl World {
 
     /// Requests taken by listener `tag` after `since`.
     pub fn requests_by_after(&self, tag: &str, since: Instant) -> usize {
+        self.requests_after(tag, since).len()
+    }
+
+    /// What listener `tag` was asked after `since` (path and key).
+    pub fn requests_after(&self, tag: &str, since: Instant) -> Vec<String> {
         self.seen
             .lock()
             .unwrap()
             .log
             .iter()
-            .filter(|(t, at)| t == tag && *at > since)
-            .count()
+            .filter(|(t, at, _)| t == tag && *at > since)
+            .map(|(_, at, what)| format!("{what} at +{:?}", at.duration_since(since)))
+            .collect()
     }
 
     /// Every session asked each model turn once, and sent each call's side
@@ -202,11 +220,14 @@ impl World {
     ) {
         let turns = self.turns_seen();
         let keys = self.keys_seen();
+        let turn_senders = self.seen.lock().unwrap().turn_senders.clone();
         let mut repeated = Vec::new();
         for s in sessions {
             for t in 0..self.turns {
-                match turns.get(&(s.clone(), t)) {
+                let key = (s.clone(), t);
+                match turns.get(&key) {
                     Some(1) => {}
+                    Some(_) if handover(&turn_senders[&key]) => {}
                     Some(n) => repeated.push(format!("{s} turn {t}: {n} times")),
                     None => panic!("{s} turn {t} was never asked: {turns:?}"),
                 }
