@@ -23,6 +23,76 @@ pub trait SecretSource {
     fn secret(&self, name: &str, key: &str) -> Option<String>;
 }
 
+/// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
+/// the API server.
+pub trait AgentLookup: Send + Sync {
+    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
+    /// cannot be read.
+    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>>;
+}
+
+/// Why a session's agent cannot be had.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    /// Neither or both of `spec.agent` and `spec.agentRef`.
+    #[error("session {session}: set exactly one of spec.agentRef and spec.agent")]
+    Ambiguous { session: String },
+    #[error("session {session} refers to agent {name:?} (spec.agentRef), which is not {place}")]
+    Missing {
+        session: String,
+        name: String,
+        place: String,
+    },
+    #[error("session {session}: agent {name:?} cannot be read: {error}")]
+    Unreadable {
+        session: String,
+        name: String,
+        error: String,
+    },
+}
+
+/// The agent a session runs, by the one rule every driver follows: exactly
+/// one of an inline `spec.agent` and a `spec.agentRef` that `lookup` finds.
+/// `place` says where a missing Agent was looked for (for the message).
+pub async fn definition(
+    session: &str,
+    spec: &SessionSpec,
+    lookup: &dyn AgentLookup,
+    place: &str,
+) -> Result<Definition, Unresolved> {
+    let (agent_name, agent) = match (&spec.agent, &spec.agent_ref) {
+        (Some(inline), None) => (None, inline.clone()),
+        (None, Some(r)) => match lookup.agent(&r.name).await {
+            Ok(Some(found)) => (Some(r.name.clone()), found),
+            Ok(None) => {
+                return Err(Unresolved::Missing {
+                    session: session.into(),
+                    name: r.name.clone(),
+                    place: place.into(),
+                })
+            }
+            Err(error) => {
+                return Err(Unresolved::Unreadable {
+                    session: session.into(),
+                    name: r.name.clone(),
+                    error,
+                })
+            }
+        },
+        _ => {
+            return Err(Unresolved::Ambiguous {
+                session: session.into(),
+            })
+        }
+    };
+    Ok(Definition {
+        session: session.into(),
+        agent_name,
+        agent,
+        spec: spec.clone(),
+    })
+}
+
 /// No secrets: a driver that resolves them itself (the operator).
 pub struct NoSecrets;
 
@@ -191,5 +261,71 @@ impl ToolPort for AgentTools<'_> {
         timeout: Duration,
     ) -> BoxFuture<'a, ToolResult> {
         Box::pin(self.0.run(call, idempotency_key, Some(timeout)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::session::AgentRef;
+
+    struct One(Result<Option<AgentSpec>, String>);
+    impl AgentLookup for One {
+        fn agent<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+            let answer = self.0.clone();
+            Box::pin(async move { answer })
+        }
+    }
+
+    fn agent() -> AgentSpec {
+        serde_json::from_value(serde_json::json!({
+            "model": {"provider": "scripted", "scripted": {"replies": [{"text": "hi"}]}}
+        }))
+        .unwrap()
+    }
+
+    fn spec(inline: bool, named: bool) -> SessionSpec {
+        serde_json::from_value(serde_json::json!({"messages": ["hi"]}))
+            .map(|mut s: SessionSpec| {
+                s.agent = inline.then(agent);
+                s.agent_ref = named.then(|| AgentRef { name: "a".into() });
+                s
+            })
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn exactly_one_of_agent_and_agent_ref_one_rule_for_every_driver() {
+        let found = One(Ok(Some(agent())));
+        let d = definition("s", &spec(true, false), &found, "here")
+            .await
+            .unwrap();
+        assert_eq!(d.agent_name, None);
+        let d = definition("s", &spec(false, true), &found, "here")
+            .await
+            .unwrap();
+        assert_eq!(d.agent_name.as_deref(), Some("a"));
+        for (inline, named) in [(true, true), (false, false)] {
+            let e = definition("s", &spec(inline, named), &found, "here")
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e,
+                Unresolved::Ambiguous {
+                    session: "s".into()
+                }
+            );
+            assert!(e
+                .to_string()
+                .contains("set exactly one of spec.agentRef and spec.agent"));
+        }
+        let e = definition("s", &spec(false, true), &One(Ok(None)), "in this file")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("which is not in this file"), "{e}");
+        let e = definition("s", &spec(false, true), &One(Err("403".into())), "x")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Unresolved::Unreadable { .. }), "{e}");
     }
 }

@@ -74,17 +74,13 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         retry: None,
     };
     let created = SystemClock.now();
-    let (ready, recheck) = match prepare(
-        &ctx,
-        &ns,
-        "agent-check",
-        Some(name.clone()),
-        agent.spec.clone(),
-        &probe,
-        created,
-    )
-    .await
-    {
+    let definition = crate::agent::Definition {
+        session: "agent-check".into(),
+        agent_name: Some(name.clone()),
+        agent: agent.spec.clone(),
+        spec: probe,
+    };
+    let (ready, recheck) = match prepare(&ctx, &ns, definition, created).await {
         Ok(_) => (
             Condition::new(
                 "Ready",

@@ -688,51 +688,49 @@ struct Resolved {
     agent_name: String,
 }
 
+/// The Agents of one namespace, from the API server.
+struct NamespaceAgents(Api<Agent>);
+
+impl crate::agent::AgentLookup for NamespaceAgents {
+    fn agent<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+        Box::pin(async move {
+            match self.0.get_opt(name).await {
+                Ok(found) => Ok(found.map(|a| a.spec)),
+                Err(e) => Err(kube_reason(&e)),
+            }
+        })
+    }
+}
+
 async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
+    use crate::agent::Unresolved;
     let name = session.name_any();
-    let (agent_name, spec): (Option<String>, AgentSpec) = match (
-        &session.spec.agent,
-        &session.spec.agent_ref,
-    ) {
-        (Some(inline), _) => (None, inline.clone()),
-        (None, Some(r)) => {
-            let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), ns);
-            match agents.get_opt(&r.name).await {
-                    Ok(Some(a)) => (Some(r.name.clone()), a.spec),
-                    Ok(None) => {
-                        return Err(NotReady {
-                            reason: "AgentNotFound",
-                            message: format!(
-                                "agent {:?} (spec.agentRef) does not exist in namespace {ns}; the session waits until it is created",
-                                r.name
-                            ),
-                            recheck: NOT_READY_RECHECK * 4,
-                        })
-                    }
-                    Err(e) => {
-                        return Err(NotReady {
-                            reason: "AgentUnreadable",
-                            message: format!("agent {:?} cannot be read: {e}", r.name),
-                            recheck: NOT_READY_RECHECK,
-                        })
-                    }
-                }
-        }
-        (None, None) => {
-            return Err(NotReady {
-                reason: "InvalidSpec",
-                message: "set exactly one of spec.agentRef and spec.agent".into(),
-                recheck: INVALID_RECHECK,
-            })
-        }
-    };
+    let lookup = NamespaceAgents(Api::namespaced(ctx.client.clone(), ns));
+    let place = format!("in namespace {ns}; the session waits until it is created");
+    let definition = crate::agent::definition(&name, &session.spec, &lookup, &place)
+        .await
+        .map_err(|e| {
+            let (reason, recheck) = match &e {
+                Unresolved::Ambiguous { .. } => ("InvalidSpec", INVALID_RECHECK),
+                Unresolved::Missing { .. } => ("AgentNotFound", NOT_READY_RECHECK * 4),
+                Unresolved::Unreadable { .. } => ("AgentUnreadable", NOT_READY_RECHECK),
+            };
+            NotReady {
+                reason,
+                message: e.to_string(),
+                recheck,
+            }
+        })?;
     let created = session
         .metadata
         .creation_timestamp
         .as_ref()
         .map(crate::api::convert::millis)
         .unwrap_or_default();
-    prepare(ctx, ns, &name, agent_name, spec, &session.spec, created).await
+    prepare(ctx, ns, definition, created).await
 }
 
 /// The agent `spec` made runnable for a session: config, model client (its
@@ -741,18 +739,10 @@ async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved,
 async fn prepare(
     ctx: &Context,
     ns: &str,
-    session: &str,
-    agent_name: Option<String>,
-    spec: AgentSpec,
-    session_spec: &crate::api::SessionSpec,
+    definition: Definition,
     created: crate::core::Millis,
 ) -> Result<Resolved, NotReady> {
-    let definition = Definition {
-        session: session.to_string(),
-        agent_name: agent_name.clone(),
-        agent: spec.clone(),
-        spec: session_spec.clone(),
-    };
+    let (spec, agent_name) = (&definition.agent, definition.agent_name.clone());
     // The model's key is read below from the session namespace's Secret;
     // never from this process's environment.
     let mut agent = definition

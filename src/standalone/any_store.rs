@@ -165,34 +165,9 @@ impl AnyStore {
                     )
                 })?;
                 let record = k.read_session(&obj).await?;
-                let (agent_name, agent): (Option<String>, AgentSpec) = match (
-                    &obj.spec.agent,
-                    &obj.spec.agent_ref,
-                ) {
-                    (Some(a), _) => (None, a.clone()),
-                    (None, Some(r)) => {
-                        let agent = k.agents_api().get_opt(&r.name).await.map_err(|e| {
-                            anyhow!("reading agent {} of session {id}: {e}", r.name)
-                        })?;
-                        let agent = agent.ok_or_else(|| {
-                                anyhow!(
-                                    "session {id} refers to agent {:?}, which does not exist in namespace {}",
-                                    r.name,
-                                    k.namespace()
-                                )
-                            })?;
-                        (Some(r.name.clone()), agent.spec)
-                    }
-                    (None, None) => {
-                        bail!("session {id}: set exactly one of spec.agentRef and spec.agent")
-                    }
-                };
-                let def = Definition {
-                    session: id.0.clone(),
-                    agent_name,
-                    agent,
-                    spec: obj.spec.clone(),
-                };
+                let lookup = ClusterAgents(k.agents_api().clone());
+                let place = format!("in namespace {}", k.namespace());
+                let def = crate::agent::definition(&id.0, &obj.spec, &lookup, &place).await?;
                 (record, def)
             }
         };
@@ -287,5 +262,23 @@ impl CachePort for AnyStore {
             AnyStore::Sqlite(s) => s.remember(key, result, now),
             AnyStore::Kube(k) => k.remember(key, result, now),
         }
+    }
+}
+
+/// The Agents of the session's namespace, for `--store kube`.
+struct ClusterAgents(kube::Api<crate::api::Agent>);
+
+impl crate::agent::AgentLookup for ClusterAgents {
+    fn agent<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+        Box::pin(async move {
+            self.0
+                .get_opt(name)
+                .await
+                .map(|found| found.map(|a| a.spec))
+                .map_err(|e| e.to_string())
+        })
     }
 }

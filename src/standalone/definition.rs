@@ -95,29 +95,14 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
         0 => return Err(semantic("no Session document; `agents run` needs one Session (with an inline agent or an agentRef to an Agent in the same file)".into())),
         n => return Err(semantic(format!("{n} Session documents; put one Session per file"))),
     };
-    let (agent_name, agent) = match (&spec.agent, &spec.agent_ref) {
-        (Some(a), None) => (None, a.clone()),
-        (None, Some(r)) => {
-            let found = agents.iter().find(|(n, _)| n == &r.name).ok_or_else(|| {
-                semantic(format!(
-                    "session {session} refers to agent {:?}, which is not in this file",
-                    r.name
-                ))
-            })?;
-            (Some(found.0.clone()), found.1.clone())
-        }
-        _ => {
-            return Err(semantic(format!(
-                "session {session}: set exactly one of spec.agentRef and spec.agent"
-            )))
-        }
-    };
-    let def = Definition {
-        session,
-        agent_name,
-        agent,
-        spec,
-    };
+    let lookup = FileAgents(agents);
+    let def = futures::executor::block_on(crate::agent::definition(
+        &session,
+        &spec,
+        &lookup,
+        "in this file",
+    ))
+    .map_err(|e| semantic(e.to_string()))?;
     // Build once now so every mistake surfaces before anything is stored.
     def.build(crate::core::Millis(0), &crate::agent::NoSecrets)
         .map_err(semantic)?;
@@ -161,6 +146,23 @@ fn join(parent: String, leaf: &str) -> String {
         leaf.to_string()
     } else {
         format!("{parent}.{leaf}")
+    }
+}
+
+/// The Agents of one YAML file.
+struct FileAgents(Vec<(String, AgentSpec)>);
+
+impl crate::agent::AgentLookup for FileAgents {
+    fn agent<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+        let found = self
+            .0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a.clone());
+        Box::pin(async move { Ok(found) })
     }
 }
 
