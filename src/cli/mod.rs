@@ -99,15 +99,15 @@ pub struct OperatorArgs {
     pub metrics_addr: String,
     /// Reconcile every session that is not final at least this often (a
     /// safety net under the watches; a step with nothing to do writes nothing).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub resync_seconds: u64,
     /// At most this many resync reconciles a second.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub resync_rate: u32,
     /// /healthz and /readyz fail once a watch or the API probe has failed for
     /// longer than this, so the kubelet restarts an operator cut off from its
     /// API server.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub stall_seconds: u64,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
