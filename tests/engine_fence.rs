@@ -9,7 +9,7 @@ use agents::engine::{
     Roles, RunKind, RunStatus, RunnerPort, SystemClock, ToolPort,
 };
 use agents::store::sqlite::SqliteStore;
-use agents::store::{SessionInput, SessionRecord, Store};
+use agents::store::{SessionInput, SessionRecord};
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

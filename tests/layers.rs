@@ -43,7 +43,7 @@ fn allowed(module: &str) -> &'static [&'static str] {
     match module {
         "core" => &[],
         "api" => &["core"],
-        "ports" => &["core"],
+        "ports" => &["core", "api"],
         "model" | "tools" => &["core", "ports"],
         "store" | "runner" => ADAPTER,
         "engine" => &["core", "ports"],

@@ -5,7 +5,6 @@ mod standalone_common;
 
 use agents::core::{Phase, SessionId, ToolResult, Turn};
 use agents::store::sqlite::SqliteStore;
-use agents::store::Store;
 use standalone_common::*;
 
 fn quickstart(s: &Scratch) -> String {

@@ -8,7 +8,7 @@ mod standalone_common;
 
 use agents::core::{Phase, SessionId, SessionState, Turn, WaitingFor};
 use agents::store::sqlite::SqliteStore;
-use agents::store::{ContinuationRecord, Store};
+use agents::store::ContinuationRecord;
 use standalone_common::*;
 use std::collections::BTreeMap;
 use std::time::Duration;

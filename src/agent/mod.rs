@@ -12,7 +12,8 @@ use crate::api::agent::{ModelProvider, ToolSpec};
 use crate::api::{convert, AgentSpec, SessionSpec};
 use crate::core::{AgentTurn, Millis, SessionConfig, SessionId, ToolCall, ToolResult};
 use crate::model::{ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply};
-use crate::ports::{ModelFailure, ModelInput, ModelPort, ToolPort};
+pub use crate::ports::AgentLookup;
+use crate::ports::{AgentSource, ModelFailure, ModelInput, ModelPort, ToolPort};
 use crate::tools::{ToolDef, ToolKind, Toolbox};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -21,14 +22,6 @@ use std::time::Duration;
 /// Where the secrets an agent names (`{name, key}`) are read from.
 pub trait SecretSource {
     fn secret(&self, name: &str, key: &str) -> Option<String>;
-}
-
-/// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
-/// the API server.
-pub trait AgentLookup: Send + Sync {
-    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
-    /// cannot be read.
-    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>>;
 }
 
 /// Why a session's agent cannot be had.
@@ -91,6 +84,19 @@ pub async fn definition(
         agent,
         spec: spec.clone(),
     })
+}
+
+/// The agent of a stored session, from where its store says it comes from:
+/// the definition stored beside it, or (in a cluster) its spec by the rule
+/// of [`definition`].
+pub async fn stored(session: &str, source: AgentSource, place: &str) -> Result<Definition, String> {
+    match source {
+        AgentSource::Stored(json) => serde_json::from_value(json)
+            .map_err(|e| format!("session {session}: its stored definition cannot be read: {e}")),
+        AgentSource::Cluster { spec, agents } => definition(session, &spec, agents.as_ref(), place)
+            .await
+            .map_err(|e| e.to_string()),
+    }
 }
 
 /// No secrets: a driver that resolves them itself (the operator).

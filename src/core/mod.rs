@@ -10,6 +10,7 @@
 //! | [`call`] | the tracked tool call and its state machine (`Ready -> Running \| Deferred \| Completed`, ...) |
 //! | [`policy`] | dispositions, decorators, glob rules, `classify` |
 //! | [`session`] | the session state machine and scheduler: `handle(event, now)`, `poll_action()`, `poll_timeout()` |
+//! | [`acceptance`] | what a continuation accepts from outside: a result, a decision (written once) |
 //! | [`cache`] | cache keys over canonical arguments |
 //! | [`envelope`] | the versioned call and result envelopes every runner speaks |
 //!
@@ -20,6 +21,7 @@
 //! (see the [`session`] module doc). The operator and `agents run` are two
 //! such drivers; tests are a third.
 
+pub mod acceptance;
 pub mod cache;
 pub mod call;
 pub mod conditions;

@@ -1078,11 +1078,7 @@ impl Session {
                 what: "an approval",
             });
         }
-        let message = match (&reason, approved) {
-            (Some(r), false) => format!("denied by {by}: {r}"),
-            (None, false) => format!("denied by {by}"),
-            _ => String::new(),
-        };
+        let denied = super::acceptance::denial(&by, reason.as_deref());
         call.approval = Some(Approval {
             approved,
             by: by.clone(),
@@ -1093,7 +1089,7 @@ impl Session {
             call.transition(CallState::Ready)?;
             self.dispatch(now);
         } else {
-            let result = ToolResult::error(message);
+            let result = denied;
             call.finish(CallState::Completed, result.clone(), &by)?;
             self.push_result(Action::RecordResult {
                 token: token.clone(),

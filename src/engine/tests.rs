@@ -4,6 +4,7 @@
 //! and a step with nothing to do writing nothing.
 
 use super::*;
+use crate::core::acceptance::{self, Verdict};
 use crate::core::{AgentTurn, Millis, ToolCall};
 use crate::ports::{
     CachePort, ContinuationPort, Decision, ManualClock, ModelFailure, ModelInput, ModelPort,
@@ -175,22 +176,15 @@ impl ContinuationPort for MemStore {
         let mut all = self.continuations.lock().unwrap();
         let outcome = match all.get_mut(&token.0) {
             None => Err(StoreError::UnknownToken(token.clone())),
-            Some(rec) => match &rec.result {
-                Some(r) if r == result => Ok(WriteOnce::AlreadySame {
-                    by: rec.completed_by.clone().unwrap_or_default(),
-                    at: rec.completed_at.unwrap_or(now),
-                }),
-                Some(_) => Ok(WriteOnce::AlreadyDifferent {
-                    by: rec.completed_by.clone().unwrap_or_default(),
-                    at: rec.completed_at.unwrap_or(now),
-                }),
-                None => {
+            Some(rec) => {
+                let verdict = acceptance::result(&rec.held(), result, by);
+                if verdict == Verdict::Write {
                     rec.result = Some(result.clone());
                     rec.completed_by = Some(by.to_string());
                     rec.completed_at = Some(now);
-                    Ok(WriteOnce::Recorded)
                 }
-            },
+                WriteOnce::judged(token, verdict)
+            }
         };
         Box::pin(async move { outcome })
     }
@@ -203,13 +197,12 @@ impl ContinuationPort for MemStore {
         let mut all = self.continuations.lock().unwrap();
         let outcome = match all.get_mut(&token.0) {
             None => Err(StoreError::UnknownToken(token.clone())),
-            Some(rec) if rec.decision.is_some() => Ok(WriteOnce::AlreadySame {
-                by: decision.by.clone(),
-                at: decision.at,
-            }),
             Some(rec) => {
-                rec.decision = Some(decision.clone());
-                Ok(WriteOnce::Recorded)
+                let verdict = acceptance::decision(&rec.held(), decision.approved);
+                if verdict == Verdict::Write {
+                    rec.decision = Some(decision.clone());
+                }
+                WriteOnce::judged(token, verdict)
             }
         };
         Box::pin(async move { outcome })

@@ -23,7 +23,7 @@ pub mod events;
 
 use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
 use crate::api::agent::ModelProvider;
-use crate::api::{Agent, AgentSpec, Continuation, Session};
+use crate::api::{Agent, Continuation, Session};
 use crate::core::conditions::{Condition, Status};
 use crate::core::SessionId;
 use crate::engine::holder::OperatorIdentity;
@@ -33,6 +33,7 @@ use crate::engine::{
 use crate::engine::{Progress, Provenance};
 use crate::model::{ModelClient, OpenAiModel};
 use crate::store::kube::{KubeStore, MemoryCache};
+use crate::store::kube_admin::ClusterAgents;
 use crate::store::StoreError;
 use crate::tools::Toolbox;
 use background::{Background, SessionRunner};
@@ -688,27 +689,10 @@ struct Resolved {
     agent_name: String,
 }
 
-/// The Agents of one namespace, from the API server.
-struct NamespaceAgents(Api<Agent>);
-
-impl crate::agent::AgentLookup for NamespaceAgents {
-    fn agent<'a>(
-        &'a self,
-        name: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<Option<AgentSpec>, String>> {
-        Box::pin(async move {
-            match self.0.get_opt(name).await {
-                Ok(found) => Ok(found.map(|a| a.spec)),
-                Err(e) => Err(kube_reason(&e)),
-            }
-        })
-    }
-}
-
 async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
     use crate::agent::Unresolved;
     let name = session.name_any();
-    let lookup = NamespaceAgents(Api::namespaced(ctx.client.clone(), ns));
+    let lookup = ClusterAgents(Api::namespaced(ctx.client.clone(), ns));
     let place = format!("in namespace {ns}; the session waits until it is created");
     let definition = crate::agent::definition(&name, &session.spec, &lookup, &place)
         .await

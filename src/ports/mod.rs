@@ -14,8 +14,10 @@ use crate::core::{
     AgentTurn, CacheKey, ContinuationToken, IsolationSpec, Millis, SessionId, ToolCall, ToolResult,
     ToolSchema, Turn,
 };
+pub mod admin;
 pub mod records;
 
+pub use admin::{AdminPort, AgentLookup, AgentSource, InputChange};
 use futures::future::BoxFuture;
 pub use records::*;
 use std::time::Duration;

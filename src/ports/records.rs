@@ -2,6 +2,7 @@
 //! answers of write-once writes, and the stores' errors. Shared by the
 //! engine and every store adapter.
 
+use crate::core::acceptance::{self, Decided, Held, Recorded, Verdict};
 use crate::core::session::ContinuationSpec;
 use crate::core::{ContinuationToken, Millis, SessionId, SessionState, ToolResult};
 use serde::{Deserialize, Serialize};
@@ -98,27 +99,22 @@ impl ContinuationRecord {
         self.result.is_some()
     }
 
-    /// Why this continuation refuses `result` from `by`, or `None` when it
-    /// takes it. A call that waits for an approval takes a result only
-    /// once approved: before a decision there is nothing to complete, and
-    /// after a denial the model has been told it was denied. The engine's
-    /// own records stay accepted: anything written as [`ENGINE_BY`] (e.g.
-    /// an approval that timed out) and the denial's own result
-    /// ([`denial_result`]), which the engine writes under the decider's name.
-    pub fn not_accepting(&self, result: &ToolResult, by: &str) -> Option<String> {
-        if by == ENGINE_BY {
-            return None;
-        }
-        let token = self.token();
-        match &self.decision {
-            None if self.spec.waiting_for == crate::core::WaitingFor::Approval => Some(format!(
-                "it waits for an approval, and nobody has decided yet; approve it first (`agents session approve {token}`; the call then runs per its policy) or deny it (`agents session deny {token}`)"
-            )),
-            Some(d) if !d.approved && result != &denial_result(d) => Some(format!(
-                "it was denied by {}, and the model is told that it was denied; a denied call takes no result",
-                d.by
-            )),
-            _ => None,
+    /// The continuation as the acceptance rules see it.
+    pub fn held(&self) -> Held<'_> {
+        Held {
+            token: &self.spec.token.0,
+            waiting_for: self.spec.waiting_for,
+            decision: self.decision.as_ref().map(|d| Decided {
+                approved: d.approved,
+                by: &d.by,
+                reason: d.reason.as_deref(),
+                at: d.at,
+            }),
+            result: self.result.as_ref().map(|result| Recorded {
+                result,
+                by: self.completed_by.as_deref().unwrap_or_default(),
+                at: self.completed_at.unwrap_or_default(),
+            }),
         }
     }
 }
@@ -132,6 +128,22 @@ pub enum WriteOnce {
     AlreadySame { by: String, at: Millis },
     /// The value was already set to something else; this write was refused.
     AlreadyDifferent { by: String, at: Millis },
+}
+
+impl WriteOnce {
+    /// The store's answer once the rules' verdict on a write is settled:
+    /// written, already there (the same or a different value), or refused.
+    pub fn judged(token: &ContinuationToken, verdict: Verdict) -> StoreResult<WriteOnce> {
+        match verdict {
+            Verdict::Write => Ok(WriteOnce::Recorded),
+            Verdict::Same { by, at } => Ok(WriteOnce::AlreadySame { by, at }),
+            Verdict::Different { by, at } => Ok(WriteOnce::AlreadyDifferent { by, at }),
+            Verdict::Refused(why) => Err(StoreError::NotAccepting {
+                token: token.clone(),
+                why,
+            }),
+        }
+    }
 }
 
 /// One line of `agents session list`.
@@ -199,16 +211,12 @@ impl StoreError {
 
 /// Who the engine writes as when it records a result itself (a timeout,
 /// a runner's final result after retries); no person or worker may use it.
-pub const ENGINE_BY: &str = "agents";
+pub use crate::core::acceptance::ENGINE_BY;
 
 /// The error result the model is given for a denied call: exactly what
-/// the core records for the denial (a test in the sqlite store checks it
-/// against the core).
+/// the core records for the denial.
 pub fn denial_result(decision: &Decision) -> ToolResult {
-    ToolResult::error(match &decision.reason {
-        Some(r) => format!("denied by {}: {r}", decision.by),
-        None => format!("denied by {}", decision.by),
-    })
+    acceptance::denial(&decision.by, decision.reason.as_deref())
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -1,7 +1,7 @@
 //! What `agents run` and `agents session ...` do against a store. The CLI
 //! parses flags and calls these; each returns the process exit code.
 
-use super::any_store::AnyStore;
+use super::any_store::{load_agent, AnyStore};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
@@ -10,13 +10,14 @@ use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
 };
 use crate::engine::Roles;
+use crate::ports::AdminPort;
 use crate::runner::ProcessRunner;
 use crate::standalone::out;
 use crate::standalone::progress::shell_quote;
 use crate::standalone::progress::Render;
 use crate::store::kube::KubeStore;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{Decision, SessionInput, SessionRecord, Store, StoreError, WriteOnce};
+use crate::store::{Decision, SessionInput, SessionRecord, StoreError, WriteOnce};
 use anyhow::{anyhow, bail, Context};
 use std::path::Path;
 use std::process::ExitCode;
@@ -69,11 +70,11 @@ pub fn open_store(url: &str) -> anyhow::Result<SqliteStore> {
 /// Opens the store named by `--store` and `-n`.
 pub async fn open(sel: &StoreSel) -> anyhow::Result<AnyStore> {
     if sel.url == "kube" {
-        return Ok(AnyStore::Kube(Box::new(
+        return Ok(Box::new(
             KubeStore::from_kubeconfig(sel.namespace.as_deref()).await?,
-        )));
+        ));
     }
-    Ok(AnyStore::Sqlite(open_store(&sel.url)?))
+    Ok(Box::new(open_store(&sel.url)?))
 }
 
 /// `--store` (and `-n`) as typed again in hints; empty for the default.
@@ -193,15 +194,15 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
 pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, agent) = store.load_agent(&id).await?;
-    store.update_input(&id, |i| i.paused = false).await?;
-    if store.is_kube() {
+    let (_, _, agent) = load_agent(store.as_ref(), &id).await?;
+    store.change_input(&id, &|i| i.paused = false).await?;
+    if store.operator_driven() {
         out::line(&format!(
             "session {id} resumed (spec.paused is false); the operator drives it on"
         ));
         return Ok(ExitCode::SUCCESS);
     }
-    let outcome = drive(&store, &agent, &id, &options(sel), &|p| out.emit(p)).await?;
+    let outcome = drive(store.as_ref(), &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
@@ -210,40 +211,39 @@ pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resul
 pub async fn retry(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = store.load_agent(&id).await?;
+    let (record, _, agent) = load_agent(store.as_ref(), &id).await?;
     if record.state.phase != Phase::Failed {
         bail!(
             "session {id} has not failed (it is {:?}); only a failed session can be retried",
             record.state.phase
         );
     }
-    store
-        .update_input(&id, |i| i.retry = record.state.retries_taken + 1)
-        .await?;
-    if store.is_kube() {
+    let retry = record.state.retries_taken + 1;
+    store.change_input(&id, &move |i| i.retry = retry).await?;
+    if store.operator_driven() {
         out::line(&format!(
             "session {id} retries (spec.retry is {}); the operator runs it again from its last checkpoint",
             record.state.retries_taken + 1
         ));
         return Ok(ExitCode::SUCCESS);
     }
-    let outcome = drive(&store, &agent, &id, &options(sel), &|p| out.emit(p)).await?;
+    let outcome = drive(store.as_ref(), &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
 }
 
 pub async fn pause(session: &str, sel: &StoreSel) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, agent) = store.load_agent(&id).await?;
-    store.update_input(&id, |i| i.paused = true).await?;
-    if store.is_kube() {
+    let (_, _, agent) = load_agent(store.as_ref(), &id).await?;
+    store.change_input(&id, &|i| i.paused = true).await?;
+    if store.operator_driven() {
         let flag = store_flag(sel);
         out::line(&format!(
             "session {id} paused (spec.paused); the operator stops it after the current step; no model or tool call starts until `agents session resume {id} {flag}`"
         ));
         return Ok(ExitCode::SUCCESS);
     }
-    sync_input(&store, &agent, &id).await?;
+    sync_input(store.as_ref(), &agent, &id).await?;
     out::line(&format!(
         "session {id} paused; no model or tool call starts until `agents session resume {id}`"
     ));
@@ -252,7 +252,7 @@ pub async fn pause(session: &str, sel: &StoreSel) -> anyhow::Result<ExitCode> {
 
 pub async fn list(sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
-    let sessions = store.list_sessions().await?;
+    let sessions = store.list().await?;
     if out.json {
         out::line(&serde_json::to_string(&sessions)?);
         return Ok(ExitCode::SUCCESS);
@@ -276,12 +276,11 @@ pub async fn list(sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
 pub async fn show(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = store.load_agent(&id).await?;
+    let (record, _, agent) = load_agent(store.as_ref(), &id).await?;
     // Show what the session will see: results recorded but not yet applied.
-    let _ = record;
-    let state = preview(&store, &agent, &id).await?;
+    let state = preview(store.as_ref(), &agent, &id).await?;
     if out.json {
-        let continuations = store.session_continuations(&id).await?;
+        let continuations = store.list_for(&driver::owner_of(&record)).await?;
         out::line(&format!(
             "{}",
             serde_json::json!({"session": state, "continuations": continuations})
@@ -353,9 +352,9 @@ fn print_conversation(state: &SessionState) {
 pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (record, _, agent) = store.load_agent(&id).await?;
-    let records = store.session_continuations(&id).await?;
-    let state = preview(&store, &agent, &id).await?;
+    let (record, _, agent) = load_agent(store.as_ref(), &id).await?;
+    let records = store.list_for(&driver::owner_of(&record)).await?;
+    let state = preview(store.as_ref(), &agent, &id).await?;
     let opts = options(sel);
     let waiting = driver::pending_calls(&state, &opts, opts.roles.unwrap_or(Roles::ALL));
     // A call completed in its continuation but not yet resumed is not pending.
@@ -432,16 +431,13 @@ async fn open_continuation(
 )> {
     let store = open(sel).await?;
     let token = ContinuationToken(token.to_string());
-    let record = match store.get_continuation(&token).await? {
+    let record = match store.continuation(&token).await? {
         Some(r) => r,
-        None => match &store {
-            AnyStore::Kube(k) => bail!(
-                "no continuation with token {token} in namespace {}; `agents session pending SESSION --store kube` (or `kubectl get continuations -n {}`) lists the open ones",
-                k.namespace(),
-                k.namespace()
-            ),
-            AnyStore::Sqlite(_) => return Err(StoreError::UnknownToken(token.clone()).into()),
-        },
+        None if store.operator_driven() => bail!(
+            "no continuation with token {token} {}; `agents session pending SESSION --store kube` (or `kubectl get continuations`) lists the open ones",
+            store.place()
+        ),
+        None => return Err(StoreError::UnknownToken(token.clone()).into()),
     };
     Ok((store, token, record))
 }
@@ -457,10 +453,7 @@ pub async fn complete(
         bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
     }
     let session = record.spec.session.clone();
-    match store
-        .complete_continuation(&token, &result, by, now())
-        .await?
-    {
+    match store.complete(&token, &result, by, now()).await? {
         WriteOnce::Recorded => {
             out::line(&format!(
                 "completed {token} ({})",
@@ -490,13 +483,11 @@ async fn print_next_step(
     session: &SessionId,
     sel: &StoreSel,
 ) -> anyhow::Result<()> {
-    let records = match store {
-        // Continuations only: a completer's Role may read nothing else.
-        AnyStore::Kube(k) => match k.labelled_continuations(session).await {
-            Ok(r) => r,
-            Err(_) => return Ok(()),
-        },
-        AnyStore::Sqlite(_) => store.session_continuations(session).await?,
+    let records = match store.continuations_of(session).await {
+        Ok(r) => r,
+        // In a cluster a completer's Role may not list them: no hint then.
+        Err(_) if store.operator_driven() => return Ok(()),
+        Err(e) => return Err(e.into()),
     };
     let open = records
         .into_iter()
@@ -508,7 +499,7 @@ async fn print_next_step(
     } else {
         format!(" {flag}")
     };
-    if open == 0 && store.is_kube() {
+    if open == 0 && store.operator_driven() {
         out::line(&format!(
             "no call of session {session} waits any more; the operator takes it on (kubectl get session {session} -w)"
         ));
@@ -543,12 +534,12 @@ pub async fn decide(
         at: now(),
     };
     let word = if approved { "approved" } else { "denied" };
-    match store.decide_continuation(&token, &decision).await? {
+    match store.decide(&token, &decision).await? {
         WriteOnce::Recorded => {
             out::line(&format!("{word} {token} ({})", record.spec.tool_call.name));
             let session = &record.spec.session;
             let flag = store_flag(sel);
-            if store.is_kube() {
+            if store.operator_driven() {
                 out::line("the operator acts on it");
                 return Ok(ExitCode::SUCCESS);
             }
@@ -588,8 +579,8 @@ pub async fn run_isolated(
 ) -> anyhow::Result<ExitCode> {
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
-    let (_, _, mut agent) = store.load_agent(&id).await?;
-    let records = store.session_continuations(&id).await?;
+    let (record, _, mut agent) = load_agent(store.as_ref(), &id).await?;
+    let records = store.list_for(&driver::owner_of(&record)).await?;
     if driver::isolated_work(&records).is_empty() {
         out::line(&format!("session {id} has no isolated call waiting to run"));
         return Ok(ExitCode::SUCCESS);
@@ -610,7 +601,7 @@ pub async fn run_isolated(
             out.emit(p)
         }
     };
-    drive(&store, &agent, &id, &opts, &quiet_yield).await?;
+    drive(store.as_ref(), &agent, &id, &opts, &quiet_yield).await?;
     if !out.json {
         print_next_step(&store, &id, sel).await?;
     }
@@ -640,9 +631,9 @@ pub fn format_millis(ms: i64) -> String {
 }
 
 /// Used by tests and the benchmark: the phase of a stored session.
-pub async fn phase_of<S: Store>(store: &S, id: &SessionId) -> anyhow::Result<Phase> {
+pub async fn phase_of(store: &dyn AdminPort, id: &SessionId) -> anyhow::Result<Phase> {
     Ok(store
-        .load_session(id)
+        .load(id)
         .await?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?
         .value

@@ -8,12 +8,13 @@ use crate::agent::{AgentModel, AgentTools, RunnableAgent};
 use crate::core::envelope::CallEnvelope;
 use crate::core::{Disposition, Millis, SessionId, SessionState, WaitingFor};
 use crate::engine::{
-    self, AgentRuntime, CachePort, Clock, ContinuationPort, EngineError, Holder, Ports, Roles,
-    RunKind, RunStatus, RunnerPort, SessionPort, StepOutcome, SystemClock,
+    self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, RunKind, RunStatus, RunnerPort,
+    SessionPort, StepOutcome, SystemClock,
 };
+use crate::ports::AdminPort;
 use crate::runner::container::ContainerRunner;
 use crate::runner::ProcessRunner;
-use crate::store::{ContinuationRecord, StoreError};
+use crate::store::{ContinuationRecord, SessionRecord, StoreError};
 use crate::tools::Toolbox;
 use futures::future::BoxFuture;
 use std::time::Duration;
@@ -113,16 +114,11 @@ pub fn runtime(agent: &RunnableAgent) -> AgentRuntime {
     }
 }
 
-/// A store with the engine's store ports: the embedded one, or the
-/// cluster's (`agents session run-isolated --store kube`).
-pub trait StorePorts: SessionPort + ContinuationPort + CachePort {}
-impl<T: SessionPort + ContinuationPort + CachePort> StorePorts for T {}
-
 /// Steps the session until it succeeds, fails, yields or is paused. Waits
 /// (without writing) while another driver holds work, and sleeps through
 /// its own retries' backoff.
 pub async fn drive(
-    store: &impl StorePorts,
+    store: &dyn AdminPort,
     agent: &RunnableAgent,
     id: &SessionId,
     opts: &DriveOptions,
@@ -161,7 +157,7 @@ pub async fn drive(
 /// tools, the process and container runners, the wall clock).
 #[allow(clippy::too_many_arguments)]
 async fn local_step(
-    store: &impl StorePorts,
+    store: &dyn AdminPort,
     agent: &RunnableAgent,
     rt: &AgentRuntime,
     id: &SessionId,
@@ -193,7 +189,7 @@ async fn local_step(
 /// Runs one step that starts no work: it takes in what the record's input
 /// says (messages, pause, resume, retry) and checkpoints.
 pub async fn sync_input(
-    store: &impl StorePorts,
+    store: &dyn AdminPort,
     agent: &RunnableAgent,
     id: &SessionId,
 ) -> Result<SessionState, DriveError> {
@@ -212,7 +208,7 @@ pub async fn sync_input(
 /// The session as the next step will see it (outside results applied),
 /// without writing anything: for `show` and `pending` on a read-only store.
 pub async fn preview(
-    store: &impl StorePorts,
+    store: &dyn AdminPort,
     agent: &RunnableAgent,
     id: &SessionId,
 ) -> Result<SessionState, StoreError> {
@@ -231,6 +227,15 @@ pub async fn preview(
         &runtime(agent),
         now(),
     ))
+}
+
+/// The session's identity for its continuations.
+pub fn owner_of(record: &SessionRecord) -> crate::engine::SessionRef {
+    crate::engine::SessionRef {
+        id: record.state.id.clone(),
+        namespace: record.namespace.clone(),
+        uid: record.uid.clone(),
+    }
 }
 
 /// The open calls that wait on someone else, with the command that moves

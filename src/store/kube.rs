@@ -27,6 +27,7 @@
 use crate::api::convert;
 use crate::api::session::SessionSpec;
 use crate::api::{Agent, Continuation, Session};
+use crate::core::acceptance::{self, Verdict};
 use crate::core::conditions::{self, Status as CondStatus};
 use crate::core::session::ContinuationSpec;
 use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
@@ -691,14 +692,9 @@ impl KubeStore {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
             let rec = self.read_continuation(&obj).await?;
-            if let Some(existing) = existing_result(&rec, result) {
-                return Ok(existing);
-            }
-            if let Some(why) = rec.not_accepting(result, by) {
-                return Err(StoreError::NotAccepting {
-                    token: token.clone(),
-                    why,
-                });
+            let verdict = acceptance::result(&rec.held(), result, by);
+            if verdict != Verdict::Write {
+                return WriteOnce::judged(token, verdict);
             }
             let mut value = convert::result_value(result);
             if serde_json::to_vec(&value).map_or(0, |v| v.len()) > CONTINUATION_INLINE_BYTES {
@@ -736,13 +732,13 @@ impl KubeStore {
                         .get_continuation(token)
                         .await?
                         .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
-                    if let Some(existing) = existing_result(&rec, result) {
-                        return Ok(existing);
-                    }
-                    return Err(StoreError::NotAccepting {
-                        token: token.clone(),
-                        why: format!("the API server refused it: {}", s.message),
-                    });
+                    return match acceptance::result(&rec.held(), result, by) {
+                        Verdict::Write => Err(StoreError::NotAccepting {
+                            token: token.clone(),
+                            why: format!("the API server refused it: {}", s.message),
+                        }),
+                        verdict => WriteOnce::judged(token, verdict),
+                    };
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     return Err(StoreError::UnknownToken(token.clone()))
@@ -770,8 +766,9 @@ impl KubeStore {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
             let rec = self.read_continuation(&obj).await?;
-            if let Some(previous) = &rec.decision {
-                return Ok(existing_decision(previous, decision));
+            let verdict = acceptance::decision(&rec.held(), decision.approved);
+            if verdict != Verdict::Write {
+                return WriteOnce::judged(token, verdict);
             }
             let body = json!({
                 "metadata": {"resourceVersion": obj.resource_version()},
@@ -797,13 +794,13 @@ impl KubeStore {
                         .get_continuation(token)
                         .await?
                         .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
-                    if let Some(previous) = &rec.decision {
-                        return Ok(existing_decision(previous, decision));
-                    }
-                    return Err(StoreError::NotAccepting {
-                        token: token.clone(),
-                        why: format!("the API server refused the decision: {}", s.message),
-                    });
+                    return match acceptance::decision(&rec.held(), decision.approved) {
+                        Verdict::Write => Err(StoreError::NotAccepting {
+                            token: token.clone(),
+                            why: format!("the API server refused the decision: {}", s.message),
+                        }),
+                        verdict => WriteOnce::judged(token, verdict),
+                    };
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     return Err(StoreError::UnknownToken(token.clone()))
@@ -820,26 +817,6 @@ impl KubeStore {
 fn wall_now() -> Millis {
     use crate::ports::Clock;
     SystemClock.now()
-}
-
-fn existing_result(rec: &ContinuationRecord, result: &ToolResult) -> Option<WriteOnce> {
-    let existing = rec.result.as_ref()?;
-    let by = rec.completed_by.clone().unwrap_or_default();
-    let at = rec.completed_at.unwrap_or_default();
-    Some(if existing == result {
-        WriteOnce::AlreadySame { by, at }
-    } else {
-        WriteOnce::AlreadyDifferent { by, at }
-    })
-}
-
-fn existing_decision(previous: &Decision, decision: &Decision) -> WriteOnce {
-    let (by, at) = (previous.by.clone(), previous.at);
-    if previous.approved == decision.approved {
-        WriteOnce::AlreadySame { by, at }
-    } else {
-        WriteOnce::AlreadyDifferent { by, at }
-    }
 }
 
 /// A 409 that is not "already exists": a stale `resourceVersion`. kube-core

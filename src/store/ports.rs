@@ -1,8 +1,14 @@
-//! The engine's store ports over the embedded SQLite store.
+//! The ports over the embedded SQLite store: the engine's, and the CLI's
+//! admin port.
 
 use super::sqlite::SqliteStore;
 use super::*;
-use crate::ports::{CachePort, ContinuationPort, SessionPort, SessionRef};
+use crate::core::session::ContinuationSpec;
+use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, ToolResult};
+use crate::ports::{
+    AdminPort, AgentSource, CachePort, Clock, ContinuationPort, InputChange, SessionPort,
+    SessionRef,
+};
 use futures::future::BoxFuture;
 
 impl SessionPort for SqliteStore {
@@ -10,14 +16,14 @@ impl SessionPort for SqliteStore {
         &'a self,
         id: &'a SessionId,
     ) -> BoxFuture<'a, StoreResult<Option<Versioned<SessionRecord>>>> {
-        Box::pin(Store::load_session(self, id))
+        Box::pin(self.load_session(id))
     }
     fn save<'a>(
         &'a self,
         record: &'a SessionRecord,
         expected: &'a Version,
     ) -> BoxFuture<'a, StoreResult<Version>> {
-        Box::pin(Store::save_session(self, record, expected))
+        Box::pin(self.save_session(record, expected))
     }
 }
 
@@ -28,13 +34,13 @@ impl ContinuationPort for SqliteStore {
         spec: &'a ContinuationSpec,
         now: Millis,
     ) -> BoxFuture<'a, StoreResult<ContinuationRecord>> {
-        Box::pin(Store::ensure_continuation(self, spec, now))
+        Box::pin(self.ensure_continuation(spec, now))
     }
     fn list_for<'a>(
         &'a self,
         owner: &'a SessionRef,
     ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>> {
-        Box::pin(Store::session_continuations(self, &owner.id))
+        Box::pin(self.session_continuations(&owner.id))
     }
     fn complete<'a>(
         &'a self,
@@ -43,20 +49,20 @@ impl ContinuationPort for SqliteStore {
         by: &'a str,
         now: Millis,
     ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
-        Box::pin(Store::complete_continuation(self, token, result, by, now))
+        Box::pin(self.complete_continuation(token, result, by, now))
     }
     fn decide<'a>(
         &'a self,
         token: &'a ContinuationToken,
         decision: &'a Decision,
     ) -> BoxFuture<'a, StoreResult<WriteOnce>> {
-        Box::pin(Store::decide_continuation(self, token, decision))
+        Box::pin(self.decide_continuation(token, decision))
     }
 }
 
 impl CachePort for SqliteStore {
     fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
-        Box::pin(Store::cache_get(self, key))
+        Box::pin(self.cache_get(key))
     }
     fn remember<'a>(
         &'a self,
@@ -64,6 +70,71 @@ impl CachePort for SqliteStore {
         result: &'a ToolResult,
         now: Millis,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(Store::cache_put(self, key, result, now))
+        Box::pin(self.cache_put(key, result, now))
+    }
+}
+
+impl AdminPort for SqliteStore {
+    fn operator_driven(&self) -> bool {
+        false
+    }
+    fn place(&self) -> String {
+        format!("in {}", self.path().display())
+    }
+    fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>> {
+        Box::pin(self.list_sessions())
+    }
+    fn continuation<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+    ) -> BoxFuture<'a, StoreResult<Option<ContinuationRecord>>> {
+        Box::pin(self.get_continuation(token))
+    }
+    fn continuations_of<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>> {
+        Box::pin(self.session_continuations(id))
+    }
+    fn change_input<'a>(
+        &'a self,
+        id: &'a SessionId,
+        change: InputChange<'a>,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            for _ in 0..16 {
+                let loaded = self
+                    .load_session(id)
+                    .await?
+                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+                let mut record = loaded.value;
+                let before = record.input.clone();
+                change(&mut record.input);
+                if record.input == before {
+                    return Ok(());
+                }
+                record.updated_at = crate::ports::SystemClock.now();
+                match self.save_session(&record, &loaded.version).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    other => return other.map(|_| ()),
+                }
+            }
+            Err(StoreError::Backend(format!(
+                "session {id} kept changing under this process; try again"
+            )))
+        })
+    }
+    fn agent_source<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<(SessionRecord, AgentSource)>> {
+        Box::pin(async move {
+            let loaded = self
+                .load_session(id)
+                .await?
+                .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+            let stored = AgentSource::Stored(loaded.value.definition.clone());
+            Ok((loaded.value, stored))
+        })
     }
 }

@@ -7,7 +7,11 @@
 //! `PRAGMA user_version` counts the migrations applied.
 
 use super::*;
-use crate::core::{CallState, Phase, SessionState};
+use crate::core::acceptance::{self, Verdict};
+use crate::core::session::ContinuationSpec;
+use crate::core::{
+    CacheKey, CallState, ContinuationToken, Millis, Phase, SessionId, SessionState, ToolResult,
+};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -335,15 +339,6 @@ impl SqliteStore {
     }
 }
 
-/// What the transaction of `complete_continuation` found.
-enum Completion {
-    Unknown,
-    Refused(String),
-    Recorded,
-    /// Already completed (or unreadable): compared outside the lock.
-    Existing(Box<StoreResult<ContinuationRecord>>),
-}
-
 /// The directory holding `path` (`.` for a bare file name).
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
@@ -480,8 +475,9 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    async fn create_session(&self, record: SessionRecord) -> StoreResult<Version> {
+/// The store's operations; the ports (`store/ports.rs`) call these.
+impl SqliteStore {
+    pub async fn create_session(&self, record: SessionRecord) -> StoreResult<Version> {
         self.writable()?;
         let id = record.state.id.clone();
         let inserted = self.with(|c| {
@@ -506,7 +502,10 @@ impl Store for SqliteStore {
         Ok(Version("1".into()))
     }
 
-    async fn load_session(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>> {
+    pub async fn load_session(
+        &self,
+        id: &SessionId,
+    ) -> StoreResult<Option<Versioned<SessionRecord>>> {
         let row: Option<(i64, String)> = self.with(|c| {
             c.query_row(
                 "SELECT version, record FROM sessions WHERE id = ?1",
@@ -524,7 +523,7 @@ impl Store for SqliteStore {
         .transpose()
     }
 
-    async fn save_session(
+    pub async fn save_session(
         &self,
         record: &SessionRecord,
         expected: &Version,
@@ -557,7 +556,7 @@ impl Store for SqliteStore {
         Ok(Version((expected_n + 1).to_string()))
     }
 
-    async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>> {
+    pub async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>> {
         let rows: Vec<(String, String, bool, i64, i64)> = self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT id, phase, paused, pending, updated_at FROM sessions ORDER BY created_at, id",
@@ -582,7 +581,7 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn ensure_continuation(
+    pub async fn ensure_continuation(
         &self,
         spec: &ContinuationSpec,
         now: Millis,
@@ -615,14 +614,17 @@ impl Store for SqliteStore {
             .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))
     }
 
-    async fn get_continuation(
+    pub async fn get_continuation(
         &self,
         token: &ContinuationToken,
     ) -> StoreResult<Option<ContinuationRecord>> {
         self.get_continuation_now(token)
     }
 
-    async fn session_continuations(&self, id: &SessionId) -> StoreResult<Vec<ContinuationRecord>> {
+    pub async fn session_continuations(
+        &self,
+        id: &SessionId,
+    ) -> StoreResult<Vec<ContinuationRecord>> {
         let rows = self.with(|c| {
             let mut stmt = c.prepare(&format!(
                 "SELECT {CONTINUATION_COLUMNS} FROM continuations
@@ -636,7 +638,7 @@ impl Store for SqliteStore {
         rows.into_iter().map(continuation_from_row).collect()
     }
 
-    async fn complete_continuation(
+    pub async fn complete_continuation(
         &self,
         token: &ContinuationToken,
         result: &ToolResult,
@@ -645,12 +647,50 @@ impl Store for SqliteStore {
     ) -> StoreResult<WriteOnce> {
         self.writable()?;
         let text = to_json(result);
-        // Checked and written in one IMMEDIATE transaction: a decision
-        // written by another process between our check and our write would
-        // otherwise slip past (e.g. a denial racing a result). SQLite
-        // serialises writers, so of two racing completions exactly one
-        // sees `result IS NULL`.
-        let outcome = self.with(|c| {
+        // Judged and written in one IMMEDIATE transaction: a decision
+        // written by another process between the two would otherwise slip
+        // past (a denial racing a result). SQLite serialises writers.
+        let verdict = self.in_immediate(token, |tx, rec| {
+            let verdict = acceptance::result(&rec.held(), result, by);
+            if verdict == Verdict::Write {
+                tx.execute(
+                    "UPDATE continuations SET result = ?1, completed_by = ?2, completed_at = ?3
+                     WHERE token = ?4 AND result IS NULL",
+                    params![text, by, now.0, token.0],
+                )?;
+            }
+            Ok(verdict)
+        })?;
+        WriteOnce::judged(token, verdict)
+    }
+
+    pub async fn decide_continuation(
+        &self,
+        token: &ContinuationToken,
+        decision: &Decision,
+    ) -> StoreResult<WriteOnce> {
+        self.writable()?;
+        let verdict = self.in_immediate(token, |tx, rec| {
+            let verdict = acceptance::decision(&rec.held(), decision.approved);
+            if verdict == Verdict::Write {
+                tx.execute(
+                    "UPDATE continuations SET decision = ?1 WHERE token = ?2 AND decision IS NULL",
+                    params![to_json(decision), token.0],
+                )?;
+            }
+            Ok(verdict)
+        })?;
+        WriteOnce::judged(token, verdict)
+    }
+
+    /// Reads the continuation and runs `f` on it inside one IMMEDIATE
+    /// transaction, committed when `f` succeeds.
+    fn in_immediate(
+        &self,
+        token: &ContinuationToken,
+        f: impl Fn(&rusqlite::Transaction<'_>, &ContinuationRecord) -> rusqlite::Result<Verdict>,
+    ) -> StoreResult<Verdict> {
+        let read = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let Some(row) = tx
                 .query_row(
@@ -660,80 +700,19 @@ impl Store for SqliteStore {
                 )
                 .optional()?
             else {
-                return Ok(Completion::Unknown);
+                return Ok(None);
             };
-            let existing = continuation_from_row(row);
-            if let Ok(rec) = &existing {
-                if rec.result.is_none() {
-                    if let Some(why) = rec.not_accepting(result, by) {
-                        return Ok(Completion::Refused(why));
-                    }
-                    tx.execute(
-                        "UPDATE continuations SET result = ?1, completed_by = ?2, completed_at = ?3
-                         WHERE token = ?4 AND result IS NULL",
-                        params![text, by, now.0, token.0],
-                    )?;
-                    tx.commit()?;
-                    return Ok(Completion::Recorded);
-                }
-            }
-            Ok(Completion::Existing(Box::new(existing)))
+            let verdict = match continuation_from_row(row) {
+                Ok(rec) => Ok(f(&tx, &rec)?),
+                Err(e) => Err(e),
+            };
+            tx.commit()?;
+            Ok(Some(verdict))
         })?;
-        let existing = match outcome {
-            Completion::Unknown => return Err(StoreError::UnknownToken(token.clone())),
-            Completion::Refused(why) => {
-                return Err(StoreError::NotAccepting {
-                    token: token.clone(),
-                    why,
-                })
-            }
-            Completion::Recorded => return Ok(WriteOnce::Recorded),
-            Completion::Existing(existing) => (*existing)?,
-        };
-        let by = existing.completed_by.clone().unwrap_or_default();
-        let at = existing.completed_at.unwrap_or_default();
-        Ok(if existing.result.as_ref() == Some(result) {
-            WriteOnce::AlreadySame { by, at }
-        } else {
-            WriteOnce::AlreadyDifferent { by, at }
-        })
+        read.ok_or_else(|| StoreError::UnknownToken(token.clone()))?
     }
 
-    async fn decide_continuation(
-        &self,
-        token: &ContinuationToken,
-        decision: &Decision,
-    ) -> StoreResult<WriteOnce> {
-        self.writable()?;
-        let changed = self.with(|c| {
-            c.execute(
-                "UPDATE continuations SET decision = ?1 WHERE token = ?2 AND decision IS NULL",
-                params![to_json(decision), token.0],
-            )
-        })?;
-        if changed == 1 {
-            return Ok(WriteOnce::Recorded);
-        }
-        let existing = self
-            .get_continuation_now(token)?
-            .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
-        let previous = existing
-            .decision
-            .expect("decision is set when the update is refused");
-        Ok(if previous.approved == decision.approved {
-            WriteOnce::AlreadySame {
-                by: previous.by,
-                at: previous.at,
-            }
-        } else {
-            WriteOnce::AlreadyDifferent {
-                by: previous.by,
-                at: previous.at,
-            }
-        })
-    }
-
-    async fn cache_get(&self, key: &CacheKey) -> StoreResult<Option<ToolResult>> {
+    pub async fn cache_get(&self, key: &CacheKey) -> StoreResult<Option<ToolResult>> {
         let text: Option<String> = self.with(|c| {
             c.query_row(
                 "SELECT result FROM tool_cache WHERE tool = ?1 AND arguments_sha256 = ?2",
@@ -746,7 +725,12 @@ impl Store for SqliteStore {
             .transpose()
     }
 
-    async fn cache_put(&self, key: &CacheKey, result: &ToolResult, now: Millis) -> StoreResult<()> {
+    pub async fn cache_put(
+        &self,
+        key: &CacheKey,
+        result: &ToolResult,
+        now: Millis,
+    ) -> StoreResult<()> {
         self.writable()?;
         self.with(|c| {
             c.execute(

@@ -1,0 +1,174 @@
+//! The rules for what a continuation accepts from outside: a result, or an
+//! approve/deny decision. One pure function each; every store only reads the
+//! continuation, asks here, and compare-and-swaps the answer in (a guarded
+//! `UPDATE` in SQLite, a `resourceVersion` precondition in a cluster, where
+//! the CRD's CEL rules hold the same line for writers that bypass us).
+
+use super::{Millis, ToolResult, WaitingFor};
+
+/// Who writes on the engine's own behalf (a timed-out approval, a denial's
+/// result); the rules never refuse it.
+pub const ENGINE_BY: &str = "agents";
+
+/// A decision already made on a call.
+#[derive(Clone, Copy, Debug)]
+pub struct Decided<'a> {
+    pub approved: bool,
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
+    pub at: Millis,
+}
+
+/// A result already recorded.
+#[derive(Clone, Copy, Debug)]
+pub struct Recorded<'a> {
+    pub result: &'a ToolResult,
+    pub by: &'a str,
+    pub at: Millis,
+}
+
+/// What a continuation holds, as the rules see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Held<'a> {
+    pub token: &'a str,
+    pub waiting_for: WaitingFor,
+    pub decision: Option<Decided<'a>>,
+    pub result: Option<Recorded<'a>>,
+}
+
+/// The answer to a proposed write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Write it (with compare-and-swap: the rules hold for what was read).
+    Write,
+    /// The same value is already there, written by `by` at `at`.
+    Same { by: String, at: Millis },
+    /// A different value is already there; this one is refused.
+    Different { by: String, at: Millis },
+    /// The continuation takes no such write now; why, for the writer.
+    Refused(String),
+}
+
+/// The error result the model is given for a denied call.
+pub fn denial(by: &str, reason: Option<&str>) -> ToolResult {
+    ToolResult::error(match reason {
+        Some(r) => format!("denied by {by}: {r}"),
+        None => format!("denied by {by}"),
+    })
+}
+
+/// Whether `result` from `by` may be recorded. A result is written once. A
+/// call that waits for an approval takes one only once approved: before a
+/// decision there is nothing to complete, and after a denial the model has
+/// been told it was denied (only the denial's own result is taken then).
+pub fn result(held: &Held<'_>, result: &ToolResult, by: &str) -> Verdict {
+    if let Some(existing) = held.result {
+        let (by, at) = (existing.by.to_string(), existing.at);
+        return if existing.result == result {
+            Verdict::Same { by, at }
+        } else {
+            Verdict::Different { by, at }
+        };
+    }
+    if by == ENGINE_BY {
+        return Verdict::Write;
+    }
+    let token = held.token;
+    match held.decision {
+        None if held.waiting_for == WaitingFor::Approval => Verdict::Refused(format!(
+            "it waits for an approval, and nobody has decided yet; approve it first (`agents session approve {token}`; the call then runs per its policy) or deny it (`agents session deny {token}`)"
+        )),
+        Some(d) if !d.approved && result != &denial(d.by, d.reason) => Verdict::Refused(format!(
+            "it was denied by {}, and the model is told that it was denied; a denied call takes no result",
+            d.by
+        )),
+        _ => Verdict::Write,
+    }
+}
+
+/// Whether a decision (`approved`) may be recorded: once, whatever it is.
+pub fn decision(held: &Held<'_>, approved: bool) -> Verdict {
+    match held.decision {
+        None => Verdict::Write,
+        Some(d) if d.approved == approved => Verdict::Same {
+            by: d.by.to_string(),
+            at: d.at,
+        },
+        Some(d) => Verdict::Different {
+            by: d.by.to_string(),
+            at: d.at,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held<'a>(decision: Option<Decided<'a>>, result: Option<Recorded<'a>>) -> Held<'a> {
+        Held {
+            token: "s-t1-c0",
+            waiting_for: WaitingFor::Approval,
+            decision,
+            result,
+        }
+    }
+
+    fn decided(approved: bool) -> Decided<'static> {
+        Decided {
+            approved,
+            by: "ann",
+            reason: Some("no"),
+            at: Millis(5),
+        }
+    }
+
+    #[test]
+    fn a_result_waits_for_the_approval() {
+        let ok = ToolResult::text("x");
+        let refused = result(&held(None, None), &ok, "bob");
+        assert!(matches!(refused, Verdict::Refused(ref why) if why.contains("approve it first")));
+        assert_eq!(
+            result(&held(Some(decided(true)), None), &ok, "bob"),
+            Verdict::Write
+        );
+        // The engine's own writes are never refused.
+        assert_eq!(result(&held(None, None), &ok, ENGINE_BY), Verdict::Write);
+    }
+
+    #[test]
+    fn a_denied_call_takes_only_its_denial() {
+        let d = decided(false);
+        let refused = result(&held(Some(d), None), &ToolResult::text("x"), "bob");
+        assert!(matches!(refused, Verdict::Refused(ref why) if why.contains("denied by ann")));
+        let own = denial("ann", Some("no"));
+        assert_eq!(own, ToolResult::error("denied by ann: no"));
+        assert_eq!(result(&held(Some(d), None), &own, "ann"), Verdict::Write);
+    }
+
+    #[test]
+    fn a_result_is_written_once() {
+        let first = ToolResult::text("a");
+        let rec = Recorded {
+            result: &first,
+            by: "w1",
+            at: Millis(9),
+        };
+        let h = held(Some(decided(true)), Some(rec));
+        let same = Verdict::Same {
+            by: "w1".into(),
+            at: Millis(9),
+        };
+        assert_eq!(result(&h, &first, "w2"), same);
+        let other = result(&h, &ToolResult::text("b"), ENGINE_BY);
+        assert!(matches!(other, Verdict::Different { .. }));
+    }
+
+    #[test]
+    fn a_decision_is_written_once() {
+        assert_eq!(decision(&held(None, None), false), Verdict::Write);
+        let h = held(Some(decided(true)), None);
+        assert!(matches!(decision(&h, true), Verdict::Same { .. }));
+        assert!(matches!(decision(&h, false), Verdict::Different { .. }));
+    }
+}

@@ -1,0 +1,74 @@
+//! The port behind `agents session ...`: what a person's commands need from
+//! a store beyond the engine's ports (list, show, pause, resume, retry, the
+//! agent a stored session runs). Both stores implement it, so the CLI holds
+//! one `Box<dyn AdminPort>` whichever `--store` it was given.
+
+use super::{CachePort, ContinuationPort, SessionPort};
+use crate::api::{AgentSpec, SessionSpec};
+use crate::core::{ContinuationToken, SessionId};
+use crate::ports::records::*;
+use futures::future::BoxFuture;
+
+/// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
+/// the API server.
+pub trait AgentLookup: Send + Sync {
+    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
+    /// cannot be read.
+    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>>;
+}
+
+/// Where a stored session's agent comes from; the agent layer turns it into
+/// a definition by its one rule.
+pub enum AgentSource {
+    /// Standalone: the definition stored beside the session.
+    Stored(serde_json::Value),
+    /// In a cluster: the Session's spec, and the Agents of its namespace
+    /// for a `spec.agentRef`.
+    Cluster {
+        spec: Box<SessionSpec>,
+        agents: Box<dyn AgentLookup>,
+    },
+}
+
+/// A change to what the user asked for (the Session's spec, or the stored
+/// input standalone).
+pub type InputChange<'a> = &'a (dyn Fn(&mut SessionInput) + Send + Sync);
+
+pub trait AdminPort: SessionPort + ContinuationPort + CachePort {
+    /// True when an operator drives these sessions (the cluster): a command
+    /// then changes what the user asked for and leaves the running to it.
+    fn operator_driven(&self) -> bool;
+
+    /// Where the sessions live, for messages: `in namespace team-a`.
+    fn place(&self) -> String;
+
+    /// Every session, by id.
+    fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>>;
+
+    /// The continuation named `token`, or `None`.
+    fn continuation<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+    ) -> BoxFuture<'a, StoreResult<Option<ContinuationRecord>>>;
+
+    /// The continuations of session `id`, in call order, as a completer may
+    /// read them (in a cluster: Continuations only, by label).
+    fn continuations_of<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<Vec<ContinuationRecord>>>;
+
+    /// Applies `change` to what the user asked for; nothing is written when
+    /// it changes nothing.
+    fn change_input<'a>(
+        &'a self,
+        id: &'a SessionId,
+        change: InputChange<'a>,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// The stored session and where its agent comes from.
+    fn agent_source<'a>(
+        &'a self,
+        id: &'a SessionId,
+    ) -> BoxFuture<'a, StoreResult<(SessionRecord, AgentSource)>>;
+}
