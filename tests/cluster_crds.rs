@@ -48,6 +48,15 @@ async fn sessions_are_validated_by_the_api_server() {
         "the quickstart is stored as written"
     );
 
+    // A name too long to label the session's children is refused at once.
+    let mut long = quickstart();
+    long.metadata.name = Some("s".repeat(70));
+    let msg = refusal(api.create(&PostParams::default(), &long).await.unwrap_err());
+    assert!(msg.contains("at most 63 characters"), "{msg}");
+    let mut longest = quickstart();
+    longest.metadata.name = Some("s".repeat(63));
+    api.create(&PostParams::default(), &longest).await.unwrap();
+
     let mut both = quickstart();
     both.metadata.name = Some("both".into());
     both.spec.agent_ref = Some(agents::api::session::AgentRef { name: "x".into() });
@@ -638,6 +647,110 @@ async fn an_agent_reports_conditions_in_its_status() {
                 .unwrap_err(),
         );
         assert!(msg.contains(what), "{what}: {msg}");
+    }
+    ns.delete(&client).await;
+}
+
+/// Every way of writing a Continuation's status, with and without a
+/// `resourceVersion`: none removes or changes a decision or an outcome
+/// once written (a rule on `status` alone misses `{"status": null}`).
+#[tokio::test]
+async fn no_patch_shape_erases_a_decision_or_an_outcome() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-erase").await;
+    let api: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    let token = ContinuationToken::for_call(&SessionId("quickstart".into()), CallId::new(1, 1));
+    api.create(&PostParams::default(), &continuation(&token, true))
+        .await
+        .unwrap();
+    let pp = PatchParams::default();
+    let name = token.as_str();
+    api.patch_status(name, &pp, &Patch::Merge(&decision_patch(false, "ann")))
+        .await
+        .unwrap();
+    let denial = ToolResult::error("denied by ann");
+    api.patch_status(name, &pp, &Patch::Merge(&outcome_patch(&denial, "agents", AT)))
+        .await
+        .unwrap();
+    let written = api.get_status(name).await.unwrap().status.unwrap();
+
+    let current = api.get_status(name).await.unwrap();
+    let mut bare = current.clone();
+    bare.status = Some(ContinuationStatus::default());
+    let mut bare_unversioned = bare.clone();
+    bare_unversioned.metadata.resource_version = None;
+    let mut approved = current.clone();
+    approved.status.as_mut().unwrap().decision.as_mut().unwrap().approved = true;
+    approved.status.as_mut().unwrap().outcome = None;
+    approved.status.as_mut().unwrap().state = ContinuationState::Pending;
+    let rv = current.metadata.resource_version.clone().unwrap();
+    let attempts: Vec<(&str, Patch<serde_json::Value>)> = vec![
+        ("merge status null", Patch::Merge(json!({"status": null}))),
+        (
+            "merge status null at its version",
+            Patch::Merge(json!({"metadata": {"resourceVersion": rv}, "status": null})),
+        ),
+        (
+            "merge outcome and decision null",
+            Patch::Merge(json!({"status": {"state": "Pending", "outcome": null, "decision": null}})),
+        ),
+        (
+            "json patch remove status",
+            Patch::Json(serde_json::from_value(json!([{"op": "remove", "path": "/status"}])).unwrap()),
+        ),
+        (
+            "json patch remove outcome",
+            Patch::Json(
+                serde_json::from_value(json!([
+                    {"op": "remove", "path": "/status/outcome"},
+                    {"op": "replace", "path": "/status/state", "value": "Pending"}
+                ]))
+                .unwrap(),
+            ),
+        ),
+        (
+            "json patch replace decision",
+            Patch::Json(
+                serde_json::from_value(json!([
+                    {"op": "replace", "path": "/status/decision/approved", "value": true}
+                ]))
+                .unwrap(),
+            ),
+        ),
+    ];
+    for (what, patch) in attempts {
+        let outcome = api.patch_status(name, &pp, &patch).await;
+        let now = api.get_status(name).await.unwrap().status.unwrap();
+        assert_eq!(now.outcome, written.outcome, "{what}: {outcome:?}");
+        assert_eq!(now.decision, written.decision, "{what}: {outcome:?}");
+        assert!(outcome.is_err(), "{what} was accepted");
+    }
+    // Server-side apply by the writer that set them, with an empty status.
+    let apply = json!({
+        "apiVersion": "agents-exe.io/v1alpha1",
+        "kind": "Continuation",
+        "status": {"state": "Pending"},
+    });
+    let applied = api
+        .patch_status(name, &PatchParams::apply("kubectl-edit").force(), &Patch::Apply(&apply))
+        .await;
+    let now = api.get_status(name).await.unwrap().status.unwrap();
+    assert_eq!(now.outcome, written.outcome, "apply: {applied:?}");
+    assert_eq!(now.decision, written.decision, "apply: {applied:?}");
+    // Replacing the status (PUT), with and without a resourceVersion.
+    for (what, obj) in [
+        ("replace with an empty status", &bare),
+        ("replace unversioned", &bare_unversioned),
+        ("replace with an approval", &approved),
+    ] {
+        let replaced = api.replace_status(name, &PostParams::default(), obj).await;
+        let now = api.get_status(name).await.unwrap().status.unwrap();
+        assert_eq!(now.outcome, written.outcome, "{what}: {replaced:?}");
+        assert_eq!(now.decision, written.decision, "{what}: {replaced:?}");
+        assert!(replaced.is_err(), "{what} was accepted");
     }
     ns.delete(&client).await;
 }

@@ -33,6 +33,10 @@ use super::{conditions_schema, tool_result_schema};
     // Needs the spec (does the call need approval?) and the status (is it
     // approved? is the result an error?), so it sits at the root; the API
     // server evaluates it on status writes too.
+    // At the root, so removing the whole status (`{"status": null}`) is
+    // judged too: a rule on `status` itself is not evaluated once it is gone.
+    validation = Rule::new(OUTCOME_KEPT).message("status.outcome is already set and cannot change or be removed: the call was already completed"),
+    validation = Rule::new(DECISION_KEPT).message("status.decision is already set and cannot change or be removed: the call was already decided"),
     validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
     printcolumn = r#"{"name":"Tool","type":"string","jsonPath":".spec.toolCall.name","description":"Tool called"}"#,
@@ -63,6 +67,12 @@ pub struct ContinuationSpec {
     #[schemars(length(max = 400))]
     pub cache_key: Option<String>,
 }
+
+/// Once written, the outcome stays, whatever the patch removes.
+pub const OUTCOME_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.outcome) || (has(self.status) && has(self.status.outcome) && self.status.outcome == oldSelf.status.outcome)";
+
+/// Once written, the decision stays, whatever the patch removes.
+pub const DECISION_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.decision) || (has(self.status) && has(self.status.decision) && self.status.decision == oldSelf.status.decision)";
 
 /// A success outcome on a call whose policy asks for approval needs an
 /// approving decision; error outcomes (a timeout while waiting, the error

@@ -12,6 +12,7 @@ pub use agent::{Agent, AgentSpec, AgentStatus};
 pub use continuation::{Continuation, ContinuationSpec, ContinuationStatus};
 pub use session::{Session, SessionSpec, SessionStatus};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::CustomResourceExt;
 use schemars::{json_schema, Schema, SchemaGenerator};
 
@@ -88,10 +89,28 @@ pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The CRDs as installed. A status is an object or absent, never `null`.
+pub fn crds() -> [CustomResourceDefinition; 3] {
+    [Agent::crd(), Session::crd(), Continuation::crd()].map(|mut crd| {
+        for version in &mut crd.spec.versions {
+            let status = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+                .and_then(|s| s.properties.as_mut())
+                .and_then(|p| p.get_mut("status"));
+            if let Some(status) = status {
+                status.nullable = None;
+            }
+        }
+        crd
+    })
+}
+
 /// The CRDs as one multi-document YAML, as `crds/` holds them.
 pub fn crds_yaml() -> String {
-    let crds = [Agent::crd(), Session::crd(), Continuation::crd()];
-    crds.iter()
+    crds()
+        .iter()
         .map(|c| serde_norway::to_string(c).expect("CRDs serialise"))
         .map(|y| format!("---\n{y}"))
         .collect()

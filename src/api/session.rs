@@ -8,6 +8,9 @@ use serde_json::Value;
 use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode};
 use super::{conditions_schema, free_form_object};
 
+/// A label value holds at most 63 characters.
+pub const SESSION_NAME_FITS: &str = "self.metadata.name.size() <= 63";
+
 /// A conversation with an agent. The operator (or `agents run`) drives it:
 /// it calls the model, runs or defers each tool call per the agent's
 /// policy, yields while calls wait, and wakes when results arrive.
@@ -21,6 +24,8 @@ use super::{conditions_schema, free_form_object};
     status = "SessionStatus",
     shortname = "sess",
     category = "agents-exe",
+    // Its name is a label value on its Continuations and Jobs.
+    validation = Rule::new(SESSION_NAME_FITS).message("a Session's name is at most 63 characters (it labels the session's Continuations and Jobs); choose a shorter metadata.name"),
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the session is"}"#,
     printcolumn = r#"{"name":"Turns","type":"integer","jsonPath":".status.agentTurns","description":"Model turns taken"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingCount","description":"Calls waiting on the outside"}"#,
