@@ -672,9 +672,13 @@ async fn no_patch_shape_erases_a_decision_or_an_outcome() {
         .await
         .unwrap();
     let denial = ToolResult::error("denied by ann");
-    api.patch_status(name, &pp, &Patch::Merge(&outcome_patch(&denial, "agents", AT)))
-        .await
-        .unwrap();
+    api.patch_status(
+        name,
+        &pp,
+        &Patch::Merge(&outcome_patch(&denial, "agents", AT)),
+    )
+    .await
+    .unwrap();
     let written = api.get_status(name).await.unwrap().status.unwrap();
 
     let current = api.get_status(name).await.unwrap();
@@ -683,7 +687,14 @@ async fn no_patch_shape_erases_a_decision_or_an_outcome() {
     let mut bare_unversioned = bare.clone();
     bare_unversioned.metadata.resource_version = None;
     let mut approved = current.clone();
-    approved.status.as_mut().unwrap().decision.as_mut().unwrap().approved = true;
+    approved
+        .status
+        .as_mut()
+        .unwrap()
+        .decision
+        .as_mut()
+        .unwrap()
+        .approved = true;
     approved.status.as_mut().unwrap().outcome = None;
     approved.status.as_mut().unwrap().state = ContinuationState::Pending;
     let rv = current.metadata.resource_version.clone().unwrap();
@@ -695,11 +706,15 @@ async fn no_patch_shape_erases_a_decision_or_an_outcome() {
         ),
         (
             "merge outcome and decision null",
-            Patch::Merge(json!({"status": {"state": "Pending", "outcome": null, "decision": null}})),
+            Patch::Merge(
+                json!({"status": {"state": "Pending", "outcome": null, "decision": null}}),
+            ),
         ),
         (
             "json patch remove status",
-            Patch::Json(serde_json::from_value(json!([{"op": "remove", "path": "/status"}])).unwrap()),
+            Patch::Json(
+                serde_json::from_value(json!([{"op": "remove", "path": "/status"}])).unwrap(),
+            ),
         ),
         (
             "json patch remove outcome",
@@ -735,7 +750,11 @@ async fn no_patch_shape_erases_a_decision_or_an_outcome() {
         "status": {"state": "Pending"},
     });
     let applied = api
-        .patch_status(name, &PatchParams::apply("kubectl-edit").force(), &Patch::Apply(&apply))
+        .patch_status(
+            name,
+            &PatchParams::apply("kubectl-edit").force(),
+            &Patch::Apply(&apply),
+        )
         .await;
     let now = api.get_status(name).await.unwrap().status.unwrap();
     assert_eq!(now.outcome, written.outcome, "apply: {applied:?}");
@@ -752,5 +771,42 @@ async fn no_patch_shape_erases_a_decision_or_an_outcome() {
         assert_eq!(now.decision, written.decision, "{what}: {replaced:?}");
         assert!(replaced.is_err(), "{what} was accepted");
     }
+    ns.delete(&client).await;
+}
+
+/// A call the operator runs (here runAsync, behind an approval) takes no
+/// result from outside, approved or not: only its run completes it.
+#[tokio::test]
+async fn an_outside_result_needs_a_deferred_call() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-outside").await;
+    let api: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    let token = ContinuationToken::for_call(&SessionId("quickstart".into()), CallId::new(1, 1));
+    let mut runs = continuation(&token, true);
+    runs.spec.policy.disposition = agents::api::agent::DispositionMode::RunAsync;
+    runs.spec.policy.reason = None;
+    api.create(&PostParams::default(), &runs).await.unwrap();
+    let pp = PatchParams::default();
+    let name = token.as_str();
+    api.patch_status(name, &pp, &Patch::Merge(&decision_patch(true, "ann")))
+        .await
+        .unwrap();
+    let made_up = ToolResult::text("sent (not really)");
+    for by in ["mallory", "ann"] {
+        let msg = refusal(
+            api.patch_status(name, &pp, &Patch::Merge(&outcome_patch(&made_up, by, AT)))
+                .await
+                .unwrap_err(),
+        );
+        assert!(msg.contains("only its run completes it"), "{by}: {msg}");
+    }
+    // The operator's own record of the run is taken.
+    let ran = ToolResult::text("sent");
+    api.patch_status(name, &pp, &Patch::Merge(&outcome_patch(&ran, "agents", AT)))
+        .await
+        .unwrap();
     ns.delete(&client).await;
 }

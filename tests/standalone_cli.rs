@@ -311,6 +311,20 @@ fn approvals_pause_and_resume_with_json_output() {
     s.run(&["session", "complete", "gated-t1-c0", "--text", "x"])
         .fails_with("waits for an approval");
     s.run(&["session", "approve", "gated-t1-c0"]).ok();
+    // Approved, the call runs by its policy (runSync): nobody outside
+    // answers for it, whatever name they give.
+    s.run(&["session", "complete", "gated-t1-c0", "--text", "made up"])
+        .fails_with("only that run completes it");
+    s.run(&[
+        "session",
+        "complete",
+        "gated-t1-c0",
+        "--text",
+        "x",
+        "--by",
+        "cache",
+    ])
+    .fails_with("reserved for what the engine records itself");
     s.run(&["session", "deny", "gated-t1-c1", "--reason", "too risky"])
         .ok();
     s.run(&["session", "approve", "gated-t1-c1"]).fails_with("");
@@ -326,6 +340,7 @@ fn approvals_pause_and_resume_with_json_output() {
         "{}",
         show.stdout
     );
+    assert!(!show.stdout.contains("made up"), "{}", show.stdout);
 }
 
 const SLOW: &str = r#"

@@ -37,6 +37,7 @@ use super::{conditions_schema, tool_result_schema};
     // judged too: a rule on `status` itself is not evaluated once it is gone.
     validation = Rule::new(OUTCOME_KEPT).message("status.outcome is already set and cannot change or be removed: the call was already completed"),
     validation = Rule::new(DECISION_KEPT).message("status.decision is already set and cannot change or be removed: the call was already decided"),
+    validation = Rule::new(OUTSIDE_ONLY_WHEN_AWAITED).message("this call is run by the operator (spec.policy.disposition is runSync, runAsync or runIsolated), so only its run completes it; an outside result is taken only by a call whose disposition is defer"),
     validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
     printcolumn = r#"{"name":"Tool","type":"string","jsonPath":".spec.toolCall.name","description":"Tool called"}"#,
@@ -73,6 +74,12 @@ pub const OUTCOME_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.outc
 
 /// Once written, the decision stays, whatever the patch removes.
 pub const DECISION_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.decision) || (has(self.status) && has(self.status.decision) && self.status.decision == oldSelf.status.decision)";
+
+/// A new outcome comes from outside only for a `defer` call. The operator
+/// writes as `agents` (or `cache`); a denial's error result is written
+/// under the decider's name. (Who may claim which name is the business of
+/// RBAC and admission policy; this rule keeps honest clients honest.)
+pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved)";
 
 /// A success outcome on a call whose policy asks for approval needs an
 /// approving decision; error outcomes (a timeout while waiting, the error

@@ -5,7 +5,6 @@ use super::{OutputFormat, SessionCommand};
 use crate::core::ids::validate_name;
 use crate::core::ContinuationToken;
 use crate::standalone::commands::{self, Output, StoreSel};
-use crate::store::ENGINE_BY;
 use anyhow::Context;
 use std::process::ExitCode;
 
@@ -28,8 +27,8 @@ fn check_name(kind: &str, name: &str) -> anyhow::Result<()> {
 /// `agents` is how the engine signs what it records itself (timeouts,
 /// retried results); a person or worker must not pass as it.
 fn check_by(by: &str) -> anyhow::Result<()> {
-    if by == ENGINE_BY {
-        anyhow::bail!("--by {ENGINE_BY:?} is reserved for what the engine records itself; give your own name, e.g. --by alice");
+    if crate::core::acceptance::is_engine(by) {
+        anyhow::bail!("--by {by:?} is reserved for what the engine records itself; give your own name, e.g. --by alice");
     }
     Ok(())
 }

@@ -10,6 +10,14 @@ use super::{Millis, ToolResult, WaitingFor};
 /// result); the rules never refuse it.
 pub const ENGINE_BY: &str = "agents";
 
+/// Who writes a result served from the cache.
+pub const CACHE_BY: &str = "cache";
+
+/// The names only the engine writes under; a person or worker must not.
+pub fn is_engine(by: &str) -> bool {
+    by == ENGINE_BY || by == CACHE_BY
+}
+
 /// A decision already made on a call.
 #[derive(Clone, Copy, Debug)]
 pub struct Decided<'a> {
@@ -32,6 +40,10 @@ pub struct Recorded<'a> {
 pub struct Held<'a> {
     pub token: &'a str,
     pub waiting_for: WaitingFor,
+    /// How the call runs when the engine runs it (`runSync`, `runAsync`,
+    /// `runIsolated`); `None` for a `defer` call, which waits for someone
+    /// outside: only such a call takes an outside result.
+    pub runs_by_itself: Option<&'static str>,
     pub decision: Option<Decided<'a>>,
     pub result: Option<Recorded<'a>>,
 }
@@ -70,11 +82,11 @@ pub fn result(held: &Held<'_>, result: &ToolResult, by: &str) -> Verdict {
             Verdict::Different { by, at }
         };
     }
-    if by == ENGINE_BY {
+    if is_engine(by) {
         return Verdict::Write;
     }
     let token = held.token;
-    match held.decision {
+    let refusal = match held.decision {
         None if held.waiting_for == WaitingFor::Approval => Verdict::Refused(format!(
             "it waits for an approval, and nobody has decided yet; approve it first (`agents session approve {token}`; the call then runs per its policy) or deny it (`agents session deny {token}`)"
         )),
@@ -82,7 +94,14 @@ pub fn result(held: &Held<'_>, result: &ToolResult, by: &str) -> Verdict {
             "it was denied by {}, and the model is told that it was denied; a denied call takes no result",
             d.by
         )),
+        Some(d) if !d.approved => return Verdict::Write,
         _ => Verdict::Write,
+    };
+    match (refusal, held.runs_by_itself) {
+        (Verdict::Write, Some(how)) => Verdict::Refused(format!(
+            "its policy runs it ({how}), so only that run completes it; an outside result is taken only by a call that waits for one (disposition defer)"
+        )),
+        (verdict, _) => verdict,
     }
 }
 
@@ -109,6 +128,7 @@ mod tests {
         Held {
             token: "s-t1-c0",
             waiting_for: WaitingFor::Approval,
+            runs_by_itself: None,
             decision,
             result,
         }
@@ -144,6 +164,25 @@ mod tests {
         let own = denial("ann", Some("no"));
         assert_eq!(own, ToolResult::error("denied by ann: no"));
         assert_eq!(result(&held(Some(d), None), &own, "ann"), Verdict::Write);
+    }
+
+    #[test]
+    fn only_a_deferred_call_takes_an_outside_result() {
+        let mut h = held(Some(decided(true)), None);
+        h.runs_by_itself = Some("runAsync");
+        let ok = ToolResult::text("made up");
+        let refused = result(&h, &ok, "mallory");
+        assert!(matches!(refused, Verdict::Refused(ref why) if why.contains("runAsync")));
+        for engine in [ENGINE_BY, CACHE_BY] {
+            assert_eq!(result(&h, &ok, engine), Verdict::Write);
+        }
+        // A denial's own result is written under the decider's name.
+        let mut denied = held(Some(decided(false)), None);
+        denied.runs_by_itself = Some("runIsolated");
+        assert_eq!(
+            result(&denied, &denial("ann", Some("no")), "ann"),
+            Verdict::Write
+        );
     }
 
     #[test]

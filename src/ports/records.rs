@@ -4,6 +4,7 @@
 
 use crate::core::acceptance::{self, Decided, Held, Recorded, Verdict};
 use crate::core::session::ContinuationSpec;
+use crate::core::Disposition;
 use crate::core::{ContinuationToken, Millis, SessionId, SessionState, ToolResult};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -104,6 +105,12 @@ impl ContinuationRecord {
         Held {
             token: &self.spec.token.0,
             waiting_for: self.spec.waiting_for,
+            runs_by_itself: match self.spec.policy.disposition {
+                Disposition::Defer { .. } => None,
+                Disposition::RunSync => Some("runSync"),
+                Disposition::RunAsync => Some("runAsync"),
+                Disposition::RunIsolated { .. } => Some("runIsolated"),
+            },
             decision: self.decision.as_ref().map(|d| Decided {
                 approved: d.approved,
                 by: &d.by,
