@@ -805,6 +805,39 @@ fn truncate_caps_results_and_redelivery_still_matches() {
     );
 }
 
+/// An error is never spilled, so a huge one (a completer's 1 MiB message)
+/// is cut before it enters the conversation, and a redelivery still
+/// matches.
+#[test]
+fn huge_error_results_are_cut_to_a_bounded_size() {
+    let mut s = started(config());
+    reply(&mut s, vec![call("m", "send_email", "{}")]);
+    let huge = ToolResult::error("x".repeat(1 << 20));
+    let wake = |s: &mut Session, r: ToolResult| {
+        s.handle(
+            Event::Wake {
+                token: token("t1-c0"),
+                result: r,
+                by: "w".into(),
+            },
+            T0,
+        )
+    };
+    assert_eq!(
+        wake(&mut s, huge.clone()),
+        Ok(Handled::Wake(WakeOutcome::Applied))
+    );
+    let ToolResult::Error { message } = &tool_results(s.state())[0].1 else {
+        panic!("an error stays an error");
+    };
+    assert!(message.len() < 9 * 1024, "{} bytes kept", message.len());
+    assert!(message.ends_with(&format!("[truncated: showing 8192 of {} bytes]", 1 << 20)));
+    assert_eq!(
+        wake(&mut s, huge),
+        Ok(Handled::Wake(WakeOutcome::AlreadyCompleted))
+    );
+}
+
 #[test]
 fn bad_input_is_reported_and_leaves_the_state_intact() {
     let mut s = started(config());

@@ -201,16 +201,17 @@ impl KubeStore {
     }
 
     /// A Continuation as the engine's record, a spilled result read back.
+    /// The continuation with its spilled result read back. A result that
+    /// cannot be read (a bad spill marker, missing or oversized blobs) is
+    /// the writer's mistake: that call fails with an error saying so, and
+    /// the session carries on.
     async fn read_continuation(&self, c: &Continuation) -> StoreResult<ContinuationRecord> {
         let mut c = c.clone();
         if let Some(outcome) = c.status.as_mut().and_then(|s| s.outcome.as_mut()) {
-            let name = c.metadata.name.clone().unwrap_or_default();
-            spill::unpack_result(&mut outcome.result, |blob| self.fetch_blob(blob))
-                .await
-                .map_err(|why| StoreError::Corrupt {
-                    what: format!("continuation {name} (spilled result)"),
-                    why,
-                })?;
+            let unpacked = spill::unpack_result(&mut outcome.result, |blob| self.fetch_blob(blob));
+            if let Err(why) = unpacked.await {
+                outcome.result = convert::result_value(&malformed(&outcome.completed_by, &why));
+            }
         }
         continuation_record(&c)
     }
@@ -957,7 +958,7 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
         Some(o) => (
             Some(
                 convert::tool_result(&o.result, "status.outcome.result")
-                    .map_err(|e| corrupt(e.to_string()))?,
+                    .unwrap_or_else(|e| malformed(&o.completed_by, &e.to_string())),
             ),
             Some(o.completed_by.clone()),
             Some(convert::millis(&o.completed_at)),
@@ -982,6 +983,11 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
             .map(convert::millis)
             .unwrap_or_default(),
     })
+}
+
+/// The error a call gets for a result its writer got wrong.
+fn malformed(by: &str, why: &str) -> ToolResult {
+    ToolResult::error(format!("the result written by {by} was malformed: {why}"))
 }
 
 /// A core condition as `metav1.Condition`.

@@ -33,6 +33,11 @@ pub const INLINE_RESULT_BYTES: usize = 16 * 1024;
 /// Largest blob: a ConfigMap holds at most 1 MiB of data, and its JSON
 /// form (base64) is a third larger; 512 KiB keeps that under 700 KB.
 pub const BLOB_BYTES: usize = 512 * 1024;
+/// Most bytes one spilled value may take, packed or unpacked. The blobs
+/// are named by whoever wrote the marker, so reading them is bounded before
+/// anything is held: a result (at most `maxResultBytes`, 8 MiB by default)
+/// fits with room to spare.
+pub const MAX_SPILLED_BYTES: usize = 24 * 1024 * 1024;
 /// Target size of one archived chunk of turns (before compression).
 pub const CHUNK_BYTES: usize = 128 * 1024;
 /// Turns that always stay in the status, for `kubectl get -o yaml` readers.
@@ -58,11 +63,19 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     e.finish().expect("writing to memory")
 }
 
+/// Decompresses at most [`MAX_SPILLED_BYTES`]: a small blob may unpack to
+/// gigabytes.
 fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     GzDecoder::new(bytes)
+        .take(MAX_SPILLED_BYTES as u64 + 1)
         .read_to_end(&mut out)
         .map_err(|e| format!("a spilled blob is not valid gzip: {e}"))?;
+    if out.len() > MAX_SPILLED_BYTES {
+        return Err(format!(
+            "spilled data unpacks to more than {MAX_SPILLED_BYTES} bytes"
+        ));
+    }
     Ok(out)
 }
 
@@ -179,9 +192,23 @@ where
     F: Fn(String) -> Fut,
     Fut: Future<Output = Result<Vec<u8>, String>>,
 {
+    let most = MAX_SPILLED_BYTES.div_ceil(BLOB_BYTES);
+    if names.len() > most {
+        return Err(format!(
+            "a spill marker lists {} blobs; at most {most} hold one value",
+            names.len()
+        ));
+    }
     let mut packed = Vec::new();
     for n in names {
-        packed.extend(fetch(n.clone()).await?);
+        let data = fetch(n.clone()).await?;
+        if packed.len() + data.len() > MAX_SPILLED_BYTES {
+            return Err(format!(
+                "the blobs {} hold more than {MAX_SPILLED_BYTES} bytes",
+                names.join(", ")
+            ));
+        }
+        packed.extend(data);
     }
     let json = gunzip(&packed)?;
     let found = sha256_hex(&json);
