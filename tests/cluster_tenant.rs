@@ -128,3 +128,43 @@ async fn bad_results_fail_only_their_call() {
     assert_eq!(done["answer"], "heard from all three");
     ns.delete(&client).await;
 }
+
+/// `pause`, `resume` and `retry` edit the spec only over the version they
+/// read: a stale edit is refused as a conflict, and the admin port re-reads
+/// and keeps what changed meanwhile.
+#[tokio::test]
+async fn spec_edits_carry_the_version_they_read() {
+    use agents::core::SessionId;
+    use agents::ports::{AdminPort, StoreError, Version};
+    use agents::store::kube::KubeStore;
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-edit").await;
+    apply(&ns.name, THREE_ASKS);
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let read = sessions.get("asks").await.unwrap();
+    let stale = Version(read.metadata.resource_version.clone().unwrap());
+    // Someone else edits the spec after our read.
+    sessions
+        .patch(
+            "asks",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"messages": ["ask three people", "and hurry"]}})),
+        )
+        .await
+        .unwrap();
+    let store = KubeStore::new(client.clone(), &ns.name);
+    let id = SessionId("asks".into());
+    let refused = store
+        .patch_spec(&id, &stale, json!({"paused": true}))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::Conflict { .. }), "{refused}");
+    store.change_input(&id, &|i| i.paused = true).await.unwrap();
+    let now = sessions.get("asks").await.unwrap();
+    assert!(now.spec.paused);
+    assert_eq!(now.spec.messages.len(), 2, "the other edit is kept");
+    ns.delete(&client).await;
+}

@@ -47,6 +47,7 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
         if value.is_null() {
             continue;
         }
+        top_level_fields(&value).map_err(invalid)?;
         let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
         let api_version = value
             .get("apiVersion")
@@ -107,6 +108,25 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
     def.build(crate::core::Millis(0), &crate::agent::NoSecrets)
         .map_err(semantic)?;
     Ok(def)
+}
+
+/// The fields a manifest may have at its top, as `kubectl apply` knows
+/// them (`status` is taken and ignored, as the API server does).
+const TOP_LEVEL: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
+
+/// Refuses a document that is no object, or has an unknown top-level field
+/// (a typo such as `spce:` would otherwise run with the defaults).
+fn top_level_fields(doc: &Value) -> Result<(), String> {
+    let Some(fields) = doc.as_object() else {
+        return Err("a document is a mapping with apiVersion, kind, metadata and spec".into());
+    };
+    match fields.keys().find(|k| !TOP_LEVEL.contains(&k.as_str())) {
+        Some(unknown) => Err(format!(
+            "unknown field {unknown:?} at the top of the document; a manifest has {}",
+            TOP_LEVEL.join(", ")
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Deserialises, reporting the first unknown field by its path.
@@ -294,6 +314,19 @@ spec:
           disposition: runIsolated
           isolation: {image: "busybox:ci", args: [x], limits: {cpu: 100m}}
 "#;
+
+    #[test]
+    fn unknown_top_level_fields_are_refused() {
+        let typo = FULL_POLICY.replacen("spec:", "spce:", 1);
+        let e = parse(&typo, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("unknown field \"spce\" at the top"), "{e}");
+        let extra = format!("{FULL_POLICY}\nnotes: hello\n");
+        let e = parse(&extra, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("unknown field \"notes\""), "{e}");
+        // `kubectl get -o yaml` output carries a status: taken and ignored.
+        let with_status = format!("{FULL_POLICY}status: {{phase: Running}}\n");
+        parse(&with_status, "f.yaml").unwrap();
+    }
 
     #[test]
     fn misspelt_decorators_are_refused_by_path() {

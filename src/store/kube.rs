@@ -430,19 +430,26 @@ impl KubeStore {
     }
 
     /// Changes the Session's spec (pause, resume, retry): a merge patch of
-    /// the named fields only. The operator acts on it.
-    pub async fn patch_spec(&self, id: &SessionId, patch: Value) -> StoreResult<Session> {
+    /// the named fields only, if the Session is still at `version` (what
+    /// the change was computed from). The operator acts on it.
+    pub async fn patch_spec(
+        &self,
+        id: &SessionId,
+        version: &Version,
+        patch: Value,
+    ) -> StoreResult<Session> {
         self.count_write();
+        let body = json!({"metadata": {"resourceVersion": version.0}, "spec": patch});
         match self
             .sessions
-            .patch(
-                &id.0,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": patch})),
-            )
+            .patch(&id.0, &PatchParams::default(), &Patch::Merge(&body))
             .await
         {
             Ok(s) => Ok(s),
+            Err(kube::Error::Api(s)) if is_conflict(&s) => Err(StoreError::Conflict {
+                id: id.clone(),
+                expected: version.clone(),
+            }),
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 Err(StoreError::SessionNotFound(id.clone()))
             }
@@ -842,7 +849,7 @@ fn backend(e: kube::Error) -> StoreError {
     }
 }
 
-fn version_of(meta: &ObjectMeta) -> StoreResult<Version> {
+pub(super) fn version_of(meta: &ObjectMeta) -> StoreResult<Version> {
     meta.resource_version
         .clone()
         .map(Version)

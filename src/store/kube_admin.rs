@@ -1,12 +1,12 @@
 //! The CLI's admin port over the API server (`--store kube`): commands
 //! change the Session's spec and the operator acts on it.
 
-use super::kube::{session_record, KubeStore};
+use super::kube::{session_record, version_of, KubeStore};
 use crate::api::{Agent, AgentSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::{
-    AdminPort, AgentLookup, AgentSource, ContinuationRecord, InputChange, SessionRecord,
-    SessionSummary, StoreError, StoreResult,
+    AdminPort, AgentLookup, AgentSource, ContinuationRecord, InputChange, SessionInput,
+    SessionRecord, SessionSummary, StoreError, StoreResult,
 };
 use futures::future::BoxFuture;
 use kube::Api;
@@ -55,25 +55,25 @@ impl AdminPort for KubeStore {
         change: InputChange<'a>,
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
-            let obj = self
-                .get_session(id)
-                .await?
-                .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-            let before = session_record(&obj)?.input;
-            let mut input = before.clone();
-            change(&mut input);
-            let mut patch = serde_json::Map::new();
-            if input.paused != before.paused {
-                patch.insert("paused".into(), input.paused.into());
+            // Computed from what was read, written only over that version:
+            // a concurrent edit (another user, the operator) is re-read.
+            for _ in 0..16 {
+                let obj = self
+                    .get_session(id)
+                    .await?
+                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+                let Some(patch) = input_patch(&session_record(&obj)?.input, change) else {
+                    return Ok(());
+                };
+                let version = version_of(&obj.metadata)?;
+                match self.patch_spec(id, &version, patch).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    other => return other.map(|_| ()),
+                }
             }
-            if input.retry != before.retry {
-                patch.insert("retry".into(), input.retry.into());
-            }
-            if !patch.is_empty() {
-                self.patch_spec(id, serde_json::Value::Object(patch))
-                    .await?;
-            }
-            Ok(())
+            Err(StoreError::Backend(format!(
+                "session {id} kept changing while its spec was edited; try again"
+            )))
         })
     }
     fn agent_source<'a>(
@@ -91,4 +91,19 @@ impl AdminPort for KubeStore {
             Ok((record, AgentSource::Cluster { spec, agents }))
         })
     }
+}
+
+/// The merge patch of the spec fields `change` touches, or `None` when it
+/// changes nothing.
+fn input_patch(before: &SessionInput, change: InputChange<'_>) -> Option<serde_json::Value> {
+    let mut input = before.clone();
+    change(&mut input);
+    let mut patch = serde_json::Map::new();
+    if input.paused != before.paused {
+        patch.insert("paused".into(), input.paused.into());
+    }
+    if input.retry != before.retry {
+        patch.insert("retry".into(), input.retry.into());
+    }
+    (!patch.is_empty()).then_some(serde_json::Value::Object(patch))
 }
