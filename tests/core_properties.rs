@@ -70,6 +70,7 @@ fn config() -> SessionConfig {
         limits: Limits {
             max_turns: Some(6),
             deadline: None,
+            max_calls_per_reply: None,
         },
         context_has_secrets: false,
         ..SessionConfig::default()

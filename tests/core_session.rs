@@ -838,6 +838,37 @@ fn huge_error_results_are_cut_to_a_bounded_size() {
     );
 }
 
+/// A reply asking for more tool calls than the cap fails the session
+/// before any of it is kept or run; one at the cap runs.
+#[test]
+fn a_reply_over_the_call_cap_fails_the_session() {
+    let mut cfg = config();
+    cfg.limits.max_calls_per_reply = Some(2);
+    let mut s = started(cfg.clone());
+    reply(
+        &mut s,
+        vec![
+            call("m1", "lookup", "{}"),
+            call("m2", "lookup", "{}"),
+            call("m3", "lookup", "{}"),
+        ],
+    );
+    assert_eq!(s.state().phase, Phase::Failed);
+    let why = s.state().failure.clone().unwrap();
+    assert!(
+        why.contains("asked for 3 tool calls in one reply; at most 2"),
+        "{why}"
+    );
+    assert_eq!(s.state().agent_turns, 0, "the reply was not kept");
+    assert!(s.state().open.is_none());
+    let mut fits = started(cfg);
+    reply(
+        &mut fits,
+        vec![call("m1", "lookup", "{}"), call("m2", "lookup", "{}")],
+    );
+    assert_ne!(fits.state().phase, Phase::Failed);
+}
+
 #[test]
 fn bad_input_is_reported_and_leaves_the_state_intact() {
     let mut s = started(config());

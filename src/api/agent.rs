@@ -48,7 +48,7 @@ pub struct AgentSpec {
     /// result is cut to this size and the model is told it was cut.
     /// Default 8 MiB (8388608). A rule's `truncateBytes` cuts further.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 16_777_216))]
     pub max_result_bytes: Option<u64>,
 }
 
@@ -298,7 +298,7 @@ pub struct DecoratorsSpec {
     pub approval: bool,
     /// Give up after this many seconds (run time, or wait when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 31_536_000))]
     pub timeout_seconds: Option<u64>,
     /// Extra attempts after a failure, with exponential backoff from 1 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -310,7 +310,7 @@ pub struct DecoratorsSpec {
     pub cache: bool,
     /// Cap results at this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 16_777_216))]
     pub truncate_bytes: Option<u64>,
 }
 
@@ -336,7 +336,7 @@ pub struct RuleSpec {
     pub approval: bool,
     /// Give up after this many seconds (run time, or wait when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 31_536_000))]
     pub timeout_seconds: Option<u64>,
     /// Extra attempts after a failure, with exponential backoff from 1 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -348,7 +348,7 @@ pub struct RuleSpec {
     pub cache: bool,
     /// Cap results at this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 16_777_216))]
     pub truncate_bytes: Option<u64>,
 }
 

@@ -138,6 +138,7 @@ pub fn session_config(
             deadline: limits
                 .and_then(|l| l.deadline_seconds)
                 .map(|s| created_at.plus_secs(s)),
+            max_calls_per_reply: None,
         },
         context_has_secrets,
         tool_fingerprints,
@@ -296,7 +297,14 @@ pub fn applied_policy(s: &AppliedPolicyStatus) -> AppliedPolicy {
 // ---- time ----------------------------------------------------------------
 
 pub fn time(m: Millis) -> Time {
-    Time(Timestamp::from_millisecond(m.0).unwrap_or(Timestamp::UNIX_EPOCH))
+    // Past the calendar's end is its last moment, never 1970 (a huge
+    // timeout read back as 1970 would fire at once).
+    let end = if m.0 < 0 {
+        Timestamp::MIN
+    } else {
+        Timestamp::MAX
+    };
+    Time(Timestamp::from_millisecond(m.0).unwrap_or(end))
 }
 
 pub fn millis(t: &Time) -> Millis {

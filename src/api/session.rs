@@ -79,12 +79,12 @@ pub struct AgentRef {
 pub struct LimitsSpec {
     /// Most model turns the session may take; it fails when it needs more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 10_000))]
     pub max_turns: Option<u32>,
     /// The session fails if it has not finished this many seconds after it
     /// was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 31_536_000))]
     pub deadline_seconds: Option<u64>,
 }
 

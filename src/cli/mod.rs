@@ -109,6 +109,10 @@ pub struct OperatorArgs {
     /// API server.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub stall_seconds: u64,
+    /// Most tool calls one model reply may ask for; a reply over it fails
+    /// its session before anything of it is kept or run.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_calls_per_reply: u32,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,

@@ -39,6 +39,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         resync_rate: args.resync_rate,
         stall_bound: std::time::Duration::from_secs(args.stall_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
+        max_calls_per_reply: args.max_calls_per_reply,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

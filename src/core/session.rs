@@ -137,7 +137,15 @@ pub struct Limits {
     pub max_turns: Option<u32>,
     /// The session fails if not finished by then.
     pub deadline: Option<Millis>,
+    /// Most tool calls one model reply may ask for; `None` is
+    /// [`DEFAULT_MAX_CALLS_PER_REPLY`]. A reply over it fails the session
+    /// before anything of it is kept or run.
+    pub max_calls_per_reply: Option<u32>,
 }
+
+/// The cap on tool calls per model reply when nobody sets one: far above
+/// what a model asks for in earnest, far below what would burst a status.
+pub const DEFAULT_MAX_CALLS_PER_REPLY: u32 = 64;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
@@ -737,11 +745,23 @@ impl Session {
                 phase: self.state.phase,
             });
         }
-        self.state.agent_turns += 1;
         self.state.usage.add(turn.usage);
         self.state.model_attempts = 0;
         self.state.model_retry_at = None;
         self.state.model_claim = None;
+        let most = self
+            .config
+            .limits
+            .max_calls_per_reply
+            .unwrap_or(DEFAULT_MAX_CALLS_PER_REPLY);
+        if turn.tool_calls.len() > most as usize {
+            self.fail(format!(
+                "the model asked for {} tool calls in one reply; at most {most} are taken (the operator's --max-calls-per-reply, chart value maxCallsPerReply); the reply was not kept",
+                turn.tool_calls.len()
+            ));
+            return Ok(());
+        }
+        self.state.agent_turns += 1;
         let turn_no = self.state.agent_turns;
         let calls = turn.tool_calls.clone();
         let text = turn.text.clone();

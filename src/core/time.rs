@@ -12,15 +12,32 @@ pub struct Millis(pub i64);
 
 impl Millis {
     pub fn plus_secs(self, secs: u64) -> Millis {
-        Millis(self.0.saturating_add((secs as i64).saturating_mul(1000)))
+        // `as i64` would wrap a huge u64 negative: a timeout of 2^63 s
+        // would then lie in 1970 and fire at once.
+        let secs = i64::try_from(secs).unwrap_or(i64::MAX);
+        Millis(self.0.saturating_add(secs.saturating_mul(1000)))
     }
     pub fn plus_millis(self, ms: u64) -> Millis {
-        Millis(self.0.saturating_add(ms as i64))
+        Millis(self.0.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
     }
     /// Rounds up to a whole second. Scheduled times are kept this way
     /// because Kubernetes timestamps carry seconds only, so a status round
     /// trip loses nothing (a timer fires at most a second late).
     pub fn ceil_to_second(self) -> Millis {
         Millis(self.0.div_euclid(1000) * 1000 + if self.0.rem_euclid(1000) > 0 { 1000 } else { 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_durations_saturate_in_the_future() {
+        let t = Millis(1_700_000_000_000);
+        assert_eq!(t.plus_secs(u64::MAX), Millis(i64::MAX));
+        assert_eq!(t.plus_secs(1 << 63), Millis(i64::MAX));
+        assert_eq!(t.plus_millis(u64::MAX), Millis(i64::MAX));
+        assert_eq!(t.plus_secs(2), Millis(1_700_000_002_000));
     }
 }

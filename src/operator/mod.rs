@@ -102,6 +102,8 @@ pub struct Options {
     pub stall_bound: Duration,
     /// Reconciles running at once (0: unbounded).
     pub max_concurrent_reconciles: u16,
+    /// Most tool calls one model reply may ask for.
+    pub max_calls_per_reply: u32,
 }
 
 impl Default for Options {
@@ -118,6 +120,7 @@ impl Default for Options {
             resync_rate: 50,
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
+            max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
         }
     }
 }
@@ -737,6 +740,7 @@ async fn prepare(
             recheck: INVALID_RECHECK,
         })?;
     agent.config.default_tool_timeout_secs = ctx.options.default_tool_timeout_secs;
+    agent.config.limits.max_calls_per_reply = Some(ctx.options.max_calls_per_reply);
     let model_timeout = match (spec.model.timeout_seconds, ctx.options.model_timeout_secs) {
         (None, Some(default)) => default,
         _ => spec.model.timeout_seconds().into(),

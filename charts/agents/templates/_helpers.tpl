@@ -89,6 +89,9 @@ app.kubernetes.io/component: operator
 {{- with .Values.operator.stallSeconds }}
 - --stall-seconds={{ . | int }}
 {{- end }}
+{{- with .Values.operator.maxCallsPerReply }}
+- --max-calls-per-reply={{ . | int }}
+{{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
