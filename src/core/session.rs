@@ -217,6 +217,14 @@ pub struct SessionState {
 }
 
 impl SessionState {
+    /// Ends the session as `Failed` with `reason`: the core's own failures,
+    /// and a driver's when the state can no longer be stored.
+    pub fn fail(&mut self, reason: String) {
+        self.phase = Phase::Failed;
+        self.failure = Some(reason);
+        self.model_claim = None;
+    }
+
     pub fn new(id: SessionId) -> Self {
         SessionState {
             id,
@@ -1467,9 +1475,7 @@ impl Session {
     }
 
     fn fail(&mut self, reason: String) {
-        self.state.phase = Phase::Failed;
-        self.state.failure = Some(reason.clone());
-        self.state.model_claim = None;
+        self.state.fail(reason.clone());
         self.push(Action::Checkpoint);
         self.push(Action::Failed { reason });
     }

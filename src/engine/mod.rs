@@ -235,10 +235,37 @@ impl Checkpointer<'_> {
         let mut next = self.record.clone();
         next.state = state.clone();
         next.updated_at = now;
-        self.version = self.save_patiently(&next).await?;
-        self.record = next;
+        match self.save_patiently(&next).await {
+            Err(StoreError::TooLarge { id, why }) => {
+                self.fail_outgrown(&why, now).await?;
+                Err(StoreError::TooLarge { id, why })
+            }
+            saved => {
+                self.version = saved?;
+                self.record = next;
+                self.writes += 1;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The step's state cannot be stored, and never will be: the session as
+    /// last stored ends `Failed`, saying why. The step's work is not kept,
+    /// and no later step asks the model (or runs a tool) for it again.
+    async fn fail_outgrown(
+        &mut self,
+        why: &str,
+        now: crate::core::Millis,
+    ) -> Result<(), StoreError> {
+        let mut failed = self.record.clone();
+        failed.state.fail(format!(
+            "the session outgrew its store ({why}); the last step's work was not kept. Make results smaller (the truncate decorator, spec.maxResultBytes) or start a new session"
+        ));
+        failed.updated_at = now;
+        self.version = self.save_patiently(&failed).await?;
+        self.record = failed;
         self.writes += 1;
-        Ok(true)
+        Ok(())
     }
 
     /// A checkpoint may carry what cannot be had again for free (a model's

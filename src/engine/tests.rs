@@ -35,6 +35,8 @@ struct MemStore {
     saves: AtomicU32,
     /// Continuation writes that fail as unavailable before one goes through.
     ensure_faults: AtomicU32,
+    /// Records larger than this (as JSON) are refused as too large.
+    max_record_bytes: Option<usize>,
 }
 
 impl MemStore {
@@ -98,7 +100,14 @@ impl SessionPort for MemStore {
         let fault = self.faults.lock().unwrap().pop_front();
         let mut stored = self.session.lock().unwrap();
         let (current, version) = stored.as_mut().unwrap();
+        let size = serde_json::to_string(record).unwrap().len();
         let result = match fault {
+            _ if self.max_record_bytes.is_some_and(|most| size > most) => {
+                Err(StoreError::TooLarge {
+                    id: record.state.id.clone(),
+                    why: format!("{size} bytes"),
+                })
+            }
             Some(Fault::Pass) | None if expected.0 != version.to_string() => {
                 Err(StoreError::Conflict {
                     id: record.state.id.clone(),
@@ -569,4 +578,36 @@ async fn a_step_with_nothing_to_do_writes_nothing() {
     assert_eq!(store.saves.load(Ordering::SeqCst), saves, "no save at all");
     assert_eq!(model.calls(), 1);
     assert!(store.state().turns.len() >= 2);
+}
+
+#[tokio::test]
+async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
+    let mut store = MemStore::with_session(&["hi"]);
+    store.max_record_bytes = Some(4_000);
+    let model = Script::new(vec![text(&"long answer ".repeat(1_000))]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("h");
+    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
+    assert!(
+        matches!(
+            refused,
+            Err(EngineError::Store(StoreError::TooLarge { .. }))
+        ),
+        "{refused:?}"
+    );
+    let stored = store.state();
+    assert_eq!(stored.phase, crate::core::Phase::Failed);
+    let why = stored.failure.unwrap();
+    assert!(why.contains("outgrew its store"), "{why}");
+    // The next step finds it failed: the model is not asked again.
+    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.outcome, StepOutcome::Failed { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(model.calls(), 1);
 }

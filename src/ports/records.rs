@@ -189,6 +189,10 @@ pub enum StoreError {
         "stored data for {what} cannot be read ({why}); the store may have been edited by hand"
     )]
     Corrupt { what: String, why: String },
+    /// The session no longer fits its object, even with what can spill
+    /// moved out; the write was refused and will be refused again.
+    #[error("session {id} no longer fits its store: {why}")]
+    TooLarge { id: SessionId, why: String },
     /// This process may read the store but not write it.
     #[error("the store {path} is read-only for this user (no write access to the file or its directory): reading works, but this command writes; run it as a user who can write the store")]
     ReadOnly { path: String },

@@ -333,6 +333,16 @@ impl KubeStore {
         };
         self.put_blobs(&owner, blobs).await?;
         let new = serde_json::to_value(&status).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let size = new.to_string().len();
+        if size > spill::MAX_STATUS_BYTES {
+            return Err(StoreError::TooLarge {
+                id: id.clone(),
+                why: format!(
+                    "its status takes {size} bytes with all that can spill moved out; at most {} fit",
+                    spill::MAX_STATUS_BYTES
+                ),
+            });
+        }
         let body = json!({
             "metadata": {"resourceVersion": expected.0},
             "status": merge_patch(&seen.status, &new),
@@ -354,6 +364,10 @@ impl KubeStore {
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 Err(StoreError::SessionNotFound(id.clone()))
             }
+            Err(kube::Error::Api(s)) if too_large(&s) => Err(StoreError::TooLarge {
+                id: id.clone(),
+                why: format!("the API server answered {} {}", s.code, s.message),
+            }),
             Err(e) => Err(backend(e)),
         }
     }
@@ -825,6 +839,11 @@ impl KubeStore {
 fn wall_now() -> Millis {
     use crate::ports::Clock;
     SystemClock.now()
+}
+
+/// The API server (or etcd behind it) refusing an object for its size.
+fn too_large(s: &kube::core::Status) -> bool {
+    s.code == 413 || s.message.to_ascii_lowercase().contains("too large")
 }
 
 /// A 409 that is not "already exists": a stale `resourceVersion`. kube-core

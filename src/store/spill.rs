@@ -28,6 +28,10 @@ use std::io::{Read, Write};
 /// The Session status budget: well under etcd's limit, so an object with
 /// metadata, spec and status never comes near it.
 pub const STATUS_BUDGET_BYTES: usize = 256 * 1024;
+/// The most a status may take once everything that can spill has: past
+/// it the write is refused before it is sent (etcd takes 1.5 MiB per
+/// request, spec and metadata included).
+pub const MAX_STATUS_BYTES: usize = 1024 * 1024;
 /// Results larger than this (as JSON) live in blobs.
 pub const INLINE_RESULT_BYTES: usize = 16 * 1024;
 /// Largest blob: a ConfigMap holds at most 1 MiB of data, and its JSON
