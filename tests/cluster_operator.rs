@@ -776,17 +776,20 @@ spec:
     assert!(early.message.contains("\"later\""), "{}", early.message);
     let keyless = wait_until(
         Duration::from_secs(60),
-        "Ready=False SecretNotFound",
+        "Ready=False SecretNotUsable",
         || async {
             let s = session(&client, &ns.name, "keyless").await;
             let c = condition(&s, "Ready")?.clone();
-            (c.reason == "SecretNotFound").then_some(c)
+            (c.reason == "SecretNotUsable").then_some(c)
         },
     )
     .await;
     assert_eq!(keyless.status, "False");
     assert!(
-        keyless.message.contains("llm-credentials") && keyless.message.contains("api-key"),
+        keyless.message.contains("llm-credentials")
+            && keyless
+                .message
+                .contains("agents-exe.io/usable-by-agents=true"),
         "{}",
         keyless.message
     );
@@ -840,7 +843,7 @@ spec:
     let keyed = agent_ready("keyed").await;
     assert_eq!(
         (keyed.status.as_str(), keyed.reason.as_str()),
-        ("False", "SecretNotFound")
+        ("False", "SecretNotUsable")
     );
     let broken = agent_ready("broken").await;
     assert_eq!(
@@ -1078,6 +1081,7 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
     let _cluster_scoped = ClusterScoped(vec![
         format!("clusterrole/{release}-operator"),
         format!("clusterrolebinding/{release}-operator"),
+        format!("clusterrole/{release}-completer"),
     ]);
     apply(&ns.name, &rbac_manifests(&release, &ns.name));
     // Namespace-scoped run: the ClusterRole bound in this namespace only.
@@ -1097,7 +1101,7 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
         "completer",
         "-n",
         &ns.name,
-        &format!("--role={release}-completer"),
+        &format!("--clusterrole={release}-completer"),
         &format!("--serviceaccount={}:completer", ns.name),
     ]);
     let operator_config = service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
@@ -1386,6 +1390,14 @@ async fn the_model_key_comes_from_the_secret_and_retry_reruns_a_failed_session()
         "-n",
         &ns.name,
         &format!("--from-literal=api-key={KEY}"),
+    ]);
+    kubectl_ok([
+        "label",
+        "secret",
+        "llm-credentials",
+        "-n",
+        &ns.name,
+        "agents-exe.io/usable-by-agents=true",
     ]);
     apply(
         &ns.name,

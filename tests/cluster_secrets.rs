@@ -1,6 +1,8 @@
 //! A tool's secrets in a cluster: an `http` tool's header `valueFrom` a
 //! Secret is read from that Secret in the session's namespace, never from
-//! the operator's own environment, and never written to the Session.
+//! the operator's own environment, and never written to the Session; and
+//! only once the Secret is labelled usable by agents (a Secret without the
+//! label reads exactly like a missing one).
 
 mod support;
 
@@ -107,6 +109,32 @@ spec:
         .spawn()
         .unwrap();
     kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    // Not labelled: not usable, and said so as for a Secret that is not there.
+    let not_usable = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=jsonpath={.status.conditions[?(@.type==\"Ready\")].reason}=SecretNotUsable",
+        "session/sec",
+        "--timeout=60s",
+    ]);
+    assert!(
+        not_usable.status.success(),
+        "{}",
+        String::from_utf8_lossy(&not_usable.stderr)
+    );
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "an unlabelled Secret was sent"
+    );
+    kubectl_ok([
+        "label",
+        "secret",
+        "weather",
+        "-n",
+        &ns.name,
+        "agents-exe.io/usable-by-agents=true",
+    ]);
     let out = kubectl([
         "wait",
         "-n",

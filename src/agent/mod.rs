@@ -10,7 +10,8 @@
 
 use crate::api::agent::{ModelProvider, ToolSpec};
 use crate::api::{convert, AgentSpec, SessionSpec};
-use crate::core::{AgentTurn, Millis, SessionConfig, SessionId, ToolCall, ToolResult};
+use crate::core::policy::SecretKeyRef;
+use crate::core::{AgentTurn, Disposition, Millis, SessionConfig, SessionId, ToolCall, ToolResult};
 use crate::model::{ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply};
 pub use crate::ports::AgentLookup;
 use crate::ports::{AgentSource, ModelFailure, ModelInput, ModelPort, ToolPort};
@@ -127,6 +128,43 @@ pub struct RunnableAgent {
     pub model: ModelClient,
     pub toolbox: Toolbox,
     pub system_prompt: String,
+}
+
+impl RunnableAgent {
+    /// Every Secret key the agent's tools name (http headers, the env of
+    /// container tools and of `runIsolated` rules), each once: what a
+    /// cluster driver must check is usable before anything runs.
+    pub fn tool_secrets(&self) -> Vec<SecretKeyRef> {
+        let isolated = self
+            .config
+            .tools
+            .values()
+            .filter_map(|t| t.container.as_ref())
+            .chain(
+                self.config
+                    .policy
+                    .rules
+                    .iter()
+                    .filter_map(|r| match &r.disposition {
+                        Disposition::RunIsolated { spec } => Some(spec),
+                        _ => None,
+                    }),
+            )
+            .chain(match &self.config.policy.default {
+                Disposition::RunIsolated { spec } => Some(spec),
+                _ => None,
+            })
+            .flat_map(|spec| spec.env.iter().filter_map(|e| e.secret.clone()));
+        let mut all: Vec<SecretKeyRef> = self
+            .toolbox
+            .secret_refs()
+            .into_iter()
+            .chain(isolated)
+            .collect();
+        all.sort_by(|a, b| (&a.name, &a.key).cmp(&(&b.name, &b.key)));
+        all.dedup();
+        all
+    }
 }
 
 impl Definition {

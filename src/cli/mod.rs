@@ -113,6 +113,11 @@ pub struct OperatorArgs {
     /// its session before anything of it is kept or run.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_calls_per_reply: u32,
+    /// Agents may use only Secrets labelled agents-exe.io/usable-by-agents=true
+    /// (false: any Secret of the session's namespace, as whoever may create
+    /// Sessions there could then send any of them to a URL of their choosing).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub secrets_need_label: bool,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,

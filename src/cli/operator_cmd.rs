@@ -40,6 +40,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         stall_bound: std::time::Duration::from_secs(args.stall_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         max_calls_per_reply: args.max_calls_per_reply,
+        secrets_need_label: args.secrets_need_label,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -104,6 +104,8 @@ pub struct Options {
     pub max_concurrent_reconciles: u16,
     /// Most tool calls one model reply may ask for.
     pub max_calls_per_reply: u32,
+    /// Agents may use only Secrets labelled [`USABLE_BY_AGENTS`].
+    pub secrets_need_label: bool,
 }
 
 impl Default for Options {
@@ -121,6 +123,7 @@ impl Default for Options {
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
+            secrets_need_label: true,
         }
     }
 }
@@ -756,7 +759,16 @@ async fn prepare(
             })?;
             let key = match &o.api_key_secret_ref {
                 None => None,
-                Some(r) => Some(read_secret(ctx, ns, &r.name, &r.key).await?),
+                Some(r) => Some(
+                    read_secret(
+                        ctx,
+                        ns,
+                        &r.name,
+                        &r.key,
+                        "spec.model.openai.apiKeySecretRef",
+                    )
+                    .await?,
+                ),
             };
             ModelClient::OpenAi(OpenAiModel::new(
                 &o.base_url,
@@ -775,8 +787,13 @@ async fn prepare(
     // namespace, never from the operator's own environment.
     let mut secrets = std::collections::BTreeMap::new();
     for r in agent.toolbox.secret_refs() {
-        let value = read_secret(ctx, ns, &r.name, &r.key).await?;
+        let value = read_secret(ctx, ns, &r.name, &r.key, "an http tool's header").await?;
         secrets.insert(r.env_name(), value);
+    }
+    // Secrets of tool Jobs are read by the kubelet, not by us: they must
+    // be usable all the same, before any Job names them.
+    for r in agent.tool_secrets() {
+        usable_secret(ctx, ns, &r.name, "a tool's env").await?;
     }
     let toolbox = agent.toolbox.with_secrets(secrets);
     Ok(Resolved {
@@ -787,28 +804,60 @@ async fn prepare(
     })
 }
 
-/// The API key from `Secret name`, key `key`. Never logged.
-async fn read_secret(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<String, NotReady> {
+/// The label that makes a Secret usable by the agents of its namespace
+/// (unless the operator runs with `--secrets-need-label=false`).
+pub const USABLE_BY_AGENTS: &str = "agents-exe.io/usable-by-agents";
+
+/// Secret `name`, if agents may use it. With the label check on, a missing
+/// Secret and an unlabelled one read the same (`SecretNotUsable`): whoever
+/// writes an Agent learns nothing of Secrets they were not given.
+async fn usable_secret(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    named_by: &str,
+) -> Result<Secret, NotReady> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = match secrets.get_opt(name).await {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return Err(NotReady {
-                reason: "SecretNotFound",
-                message: format!(
-                    "Secret {name:?} (key {key:?}, the agent's spec.model.openai.apiKeySecretRef) does not exist in namespace {ns}; create it, e.g. kubectl -n {ns} create secret generic {name} --from-literal={key}=..."
-                ),
-                recheck: NOT_READY_RECHECK,
-            })
-        }
-        Err(e) => {
-            return Err(NotReady {
-                reason: "SecretUnreadable",
-                message: format!("Secret {name:?} in namespace {ns} cannot be read: {}", kube_reason(&e)),
-                recheck: NOT_READY_RECHECK,
-            })
-        }
+    let labelled = |s: &Secret| {
+        s.labels()
+            .get(USABLE_BY_AGENTS)
+            .is_some_and(|v| v == "true")
     };
+    let need_label = ctx.options.secrets_need_label;
+    match secrets.get_opt(name).await {
+        Ok(Some(s)) if !need_label || labelled(&s) => Ok(s),
+        Ok(_) if need_label => Err(NotReady {
+            reason: "SecretNotUsable",
+            message: format!(
+                "Secret {name:?} ({named_by}) is not usable by agents in namespace {ns}: a Secret is usable when it exists and carries the label {USABLE_BY_AGENTS}=true (kubectl -n {ns} label secret {name} {USABLE_BY_AGENTS}=true)"
+            ),
+            recheck: NOT_READY_RECHECK,
+        }),
+        Ok(_) => Err(NotReady {
+            reason: "SecretNotFound",
+            message: format!(
+                "Secret {name:?} ({named_by}) does not exist in namespace {ns}; create it, e.g. kubectl -n {ns} create secret generic {name} --from-literal=KEY=..."
+            ),
+            recheck: NOT_READY_RECHECK,
+        }),
+        Err(e) => Err(NotReady {
+            reason: "SecretUnreadable",
+            message: format!("Secret {name:?} in namespace {ns} cannot be read: {}", kube_reason(&e)),
+            recheck: NOT_READY_RECHECK,
+        }),
+    }
+}
+
+/// The value of key `key` of Secret `name`, if agents may use it. Never
+/// logged.
+async fn read_secret(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    key: &str,
+    named_by: &str,
+) -> Result<String, NotReady> {
+    let secret = usable_secret(ctx, ns, name, named_by).await?;
     let value = secret
         .data
         .as_ref()
@@ -826,7 +875,7 @@ async fn read_secret(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<S
         _ => Err(NotReady {
             reason: "SecretKeyNotFound",
             message: format!(
-                "Secret {name:?} in namespace {ns} has no (non-empty) key {key:?}, which the agent's spec.model.openai.apiKeySecretRef names"
+                "Secret {name:?} in namespace {ns} has no (non-empty) key {key:?}, which {named_by} names"
             ),
             recheck: NOT_READY_RECHECK,
         }),

@@ -92,6 +92,7 @@ app.kubernetes.io/component: operator
 {{- with .Values.operator.maxCallsPerReply }}
 - --max-calls-per-reply={{ . | int }}
 {{- end }}
+- --secrets-need-label={{ .Values.operator.secretsNeedLabel }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
