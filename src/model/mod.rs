@@ -15,7 +15,8 @@ mod openai;
 mod scripted;
 
 pub use openai::{
-    parse_completion, parse_retry_after, OpenAiModel, DEFAULT_TIMEOUT, MAX_RETRY_AFTER,
+    parse_completion, parse_retry_after, OpenAiModel, DEFAULT_TIMEOUT, MAX_MODEL_REPLY_BYTES,
+    MAX_RETRY_AFTER,
 };
 pub use scripted::{ScriptedModel, ScriptedReply};
 

@@ -4,6 +4,13 @@
 //! classified, not retried here: 408, 429, 5xx, network trouble, timeouts
 //! and a 200 whose body is not a completion are retryable (with the
 //! endpoint's `Retry-After`, if any); other statuses are not.
+//!
+//! The endpoint is the user's choice, so what it sends is bounded as it
+//! streams: a reply over [`MAX_MODEL_REPLY_BYTES`] is a permanent failure
+//! (read no further, never re-asked), an error body is read only as far as
+//! it is quoted, and a redirect to another host is refused. These are the
+//! bounds `crate::tools::http` puts on the http tools; the layers keep the
+//! two adapters apart, so each holds its few lines.
 
 use super::{ModelError, ModelRequest};
 use crate::core::{AgentTurn, TokenUsage, ToolCall, Turn, UserTurn};
@@ -21,6 +28,22 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// At most this many bytes of a body are quoted in an error message.
 const QUOTE_BYTES: usize = 200;
+
+/// The longest chat-completion reply read. A model's longest answers
+/// (some 128k output tokens, about half a MiB of text) fit many times
+/// over, with room for JSON escapes; parsed, a reply may take several
+/// times its size, and the operator holds every namespace's model calls
+/// under one memory limit. A longer reply is a permanent failure of the
+/// call: reading stops at this size, and the endpoint is not asked again.
+pub const MAX_MODEL_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+/// At most this many bytes of an error (non-2xx) body are read: enough for
+/// any API's JSON error object. The rest is never read.
+const ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Redirects followed at most, each to the scheme, host and port first
+/// asked; a redirect anywhere else comes back unfollowed, as a failure.
+const MAX_REDIRECTS: usize = 5;
 
 /// A chat-completions client. The API key never appears in `Debug` output
 /// or in error messages.
@@ -51,6 +74,17 @@ impl OpenAiModel {
     pub fn new(base_url: &str, model: &str, api_key: Option<String>, timeout: Duration) -> Self {
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            // Never to another host: the API key goes with each request.
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let first = attempt.previous().first().map(|u| u.origin());
+                if first.is_some_and(|o| o == attempt.url().origin())
+                    && attempt.previous().len() <= MAX_REDIRECTS
+                {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            }))
             .build()
             .expect("a default HTTP client builds");
         OpenAiModel {
@@ -129,16 +163,48 @@ impl OpenAiModel {
         }
         let result = match request.send().await {
             Err(e) => Err(self.transport_error(&url, &e)),
-            Ok(response) => {
+            Ok(mut response) => {
                 let status = response.status();
                 let retry_after = response
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| parse_retry_after(v, SystemTime::now()));
-                match response.bytes().await {
-                    Err(e) => Err(self.transport_error(&url, &e)),
-                    Ok(bytes) => classify(&url, status, retry_after, &bytes, key),
+                if status.is_redirection() {
+                    Err(redirect_refused(&url, &response))
+                } else if let Some(n) = response
+                    .content_length()
+                    .filter(|n| status.is_success() && *n > MAX_MODEL_REPLY_BYTES as u64)
+                {
+                    Err(too_long(
+                        &url,
+                        status,
+                        &format!(
+                            "announced a reply of {n} bytes (Content-Length), more than the \
+                             {MAX_MODEL_REPLY_BYTES} bytes ({} MiB) a model reply may hold; none \
+                             of it was read",
+                            MAX_MODEL_REPLY_BYTES >> 20
+                        ),
+                    ))
+                } else {
+                    let limit = if status.is_success() {
+                        MAX_MODEL_REPLY_BYTES
+                    } else {
+                        ERROR_BODY_BYTES
+                    };
+                    match read_at_most(&mut response, limit).await {
+                        Err(e) => Err(self.transport_error(&url, &e)),
+                        Ok((_, true)) if status.is_success() => Err(too_long(
+                            &url,
+                            status,
+                            &format!(
+                                "sent a reply of more than {MAX_MODEL_REPLY_BYTES} bytes ({} MiB), \
+                                 the most a model reply may hold; reading stopped there",
+                                MAX_MODEL_REPLY_BYTES >> 20
+                            ),
+                        )),
+                        Ok((bytes, cut)) => classify(&url, status, retry_after, &bytes, cut, key),
+                    }
                 }
             }
         };
@@ -165,6 +231,54 @@ impl OpenAiModel {
 /// a [`UserTurn`] holds them.
 fn user_messages(turn: &UserTurn) -> impl Iterator<Item = &str> {
     turn.message.as_deref().into_iter()
+}
+
+/// Reads `response`'s body, keeping at most `limit` bytes; once more
+/// arrives it stops reading (the rest is never received) and says so
+/// (`true`). Memory stays within `limit` plus one chunk, whatever the
+/// server sends.
+async fn read_at_most(
+    response: &mut reqwest::Response,
+    limit: usize,
+) -> reqwest::Result<(Vec<u8>, bool)> {
+    let announced = response.content_length();
+    let mut bytes =
+        Vec::with_capacity(announced.map_or(8 * 1024, |n| n.min(limit as u64) as usize));
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - bytes.len();
+        if chunk.len() > room {
+            bytes.extend_from_slice(&chunk[..room]);
+            return Ok((bytes, true));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((bytes, false))
+}
+
+/// A reply over [`MAX_MODEL_REPLY_BYTES`]: permanent, so it is not asked
+/// (and billed) again.
+fn too_long(url: &str, status: StatusCode, what: &str) -> ModelError {
+    ModelError::permanent(format!(
+        "POST {url} answered {status} but {what}; no model sends such a chat completion, so \
+         it is not retried: check spec.model.openai.baseUrl"
+    ))
+}
+
+/// A 3xx the client did not follow: to another scheme, host or port, or
+/// one too many.
+fn redirect_refused(url: &str, response: &reqwest::Response) -> ModelError {
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|l| format!(" to {:?}", clip(l, QUOTE_BYTES)))
+        .unwrap_or_default();
+    ModelError::permanent(format!(
+        "POST {url} answered {}, a redirect{location}, which was not followed: redirects are \
+         followed only to the same scheme, host and port, at most {MAX_REDIRECTS} times, so \
+         that the API key never goes to another host; check spec.model.openai.baseUrl",
+        response.status()
+    ))
 }
 
 /// The wire messages of one user turn: first its tool results, which must
@@ -196,12 +310,14 @@ fn user_turn_messages(turn: &UserTurn, asked: &[ToolCall]) -> Vec<Value> {
 }
 
 /// Turns a response into a turn or a classified error. Pure, so every
-/// branch is unit-tested without a server.
+/// branch is unit-tested without a server. `cut`: the body went on past
+/// what was read.
 fn classify(
     url: &str,
     status: StatusCode,
     retry_after: Option<Duration>,
     body: &[u8],
+    cut: bool,
     key: Option<&str>,
 ) -> Result<AgentTurn, ModelError> {
     if status.is_success() {
@@ -212,7 +328,7 @@ fn classify(
             message: format!(
                 "POST {url} answered {status}, but not with a chat completion: {}; body: {}",
                 redact(&what, key),
-                quote(body, key)
+                quote(body, cut, key)
             ),
             retryable: true,
             retry_after,
@@ -222,7 +338,7 @@ fn classify(
     let retryable = matches!(code, 408 | 429) || status.is_server_error();
     let said = match server_message(body, key) {
         Some(m) => format!(": {m}"),
-        None => format!("; body: {}", quote(body, key)),
+        None => format!("; body: {}", quote(body, cut, key)),
     };
     let hint = match code {
         401 | 403 => "; check the API key (the Secret named by spec.model.openai.apiKeySecretRef) and what it may use",
@@ -260,19 +376,21 @@ fn server_message(body: &[u8], key: Option<&str>) -> Option<String> {
 }
 
 /// At most [`QUOTE_BYTES`] of a body, quoted and escaped, with the key
-/// removed before cutting (so no prefix of it survives either).
-fn quote(body: &[u8], key: Option<&str>) -> String {
-    if body.is_empty() {
+/// removed before cutting (so no prefix of it survives either). `more`:
+/// the body went on past these bytes, unread.
+fn quote(body: &[u8], more: bool, key: Option<&str>) -> String {
+    if body.is_empty() && !more {
         return "empty".into();
     }
     let text = redact(&String::from_utf8_lossy(body), key);
     let cut = clip(&text, QUOTE_BYTES);
-    if cut.len() < text.len() {
-        format!(
-            "{cut:?}… ({} bytes in all, the first {} shown)",
-            body.len(),
-            cut.len()
-        )
+    let size = if more {
+        format!("more than {} bytes", body.len())
+    } else {
+        format!("{} bytes", body.len())
+    };
+    if cut.len() < text.len() || more {
+        format!("{cut:?}… ({size} in all, the first {} shown)", cut.len())
     } else {
         format!("{cut:?}")
     }
@@ -588,6 +706,7 @@ mod tests {
                 StatusCode::from_u16(status).unwrap(),
                 wait,
                 body.as_bytes(),
+                false,
                 Some("sk-secret"),
             )
         };
@@ -641,6 +760,25 @@ mod tests {
         let e = c(500, &"é".repeat(150)).unwrap_err();
         assert!(
             e.message.contains("300 bytes in all, the first 200 shown"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_error_body_read_only_in_part_says_so() {
+        let e = classify(
+            "http://x/v1/chat/completions",
+            StatusCode::BAD_GATEWAY,
+            None,
+            "<html>".repeat(100).as_bytes(),
+            true,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.retryable);
+        assert!(
+            e.message
+                .contains("(more than 600 bytes in all, the first 200 shown)"),
             "{e}"
         );
     }

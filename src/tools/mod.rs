@@ -1,6 +1,12 @@
 //! Tools that run inside a step (`runSync`) or in the background
 //! (`runAsync`): builtins for tests and demos, and the `http` kind.
 //! Container tools never run here; they go to a runner (`crate::runner`).
+//!
+//! An http tool's reply is read as a stream and bounded ([`MAX_REPLY_BYTES`],
+//! redirects only within the URL's origin; see [`http`]): a server the
+//! tenant chose can fail its own call, never the process.
+
+pub mod http;
 
 use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
@@ -48,6 +54,23 @@ pub struct ToolDef {
     pub parameters: Option<Value>,
     pub kind: ToolKind,
 }
+
+/// The most an http tool's reply may hold. It is the default of
+/// `spec.maxResultBytes` ([`crate::core::session::MAX_RESULT_BYTES`]), the
+/// largest result the model is shown. It is a fixed ceiling, not the agent's
+/// own setting: the tenant chooses the server, and one operator holds every
+/// namespace's calls under one memory limit. A longer reply fails its call
+/// with an error that says so; it is never read whole.
+pub const MAX_REPLY_BYTES: usize = crate::core::session::MAX_RESULT_BYTES;
+
+/// A JSON reply up to this size is kept as JSON; a larger one is kept as
+/// the text it is (the model reads the same bytes). Parsed, JSON can take
+/// some 16 times its text in memory (`[0,0,…]` is two bytes of text but a
+/// 32-byte value per item), so an 8 MiB reply is never parsed whole.
+pub const JSON_PARSE_BYTES: usize = 1024 * 1024;
+
+/// At most this many bytes of an error reply are quoted in the message.
+const QUOTE_BYTES: usize = 500;
 
 /// Headers the runtime sets itself; a definition cannot replace them.
 const RESERVED_HEADERS: &[&str] = &["content-type", "idempotency-key", "content-length", "host"];
@@ -210,7 +233,10 @@ impl Toolbox {
     ) -> ToolResult {
         let client = match &self.http {
             Some(c) => c.clone(),
-            None => reqwest::Client::new(),
+            None => match http_client() {
+                Ok(c) => c,
+                Err(e) => return ToolResult::error(format!("no HTTP client: {e}")),
+            },
         };
         let mut request = client
             .post(url)
@@ -227,36 +253,71 @@ impl Toolbox {
                     h.name
                 ));
             };
-            // Kept out of debug output and stripped on cross-host redirects.
+            // Kept out of debug output; redirects never leave the origin.
             value.set_sensitive(h.secret.is_some());
             request = request.header(h.name.as_str(), value);
         }
         let response = request.json(args).send().await;
-        let response = match response {
+        let mut response = match response {
             Ok(r) => r,
             Err(e) => return ToolResult::error(format!("POST {url} failed: {e}")),
         };
         let status = response.status();
+        if status.is_redirection() {
+            return ToolResult::error(http::redirect_refused(&format!("POST {url}"), &response));
+        }
+        if !status.is_success() {
+            let body = match http::read_at_most(&mut response, http::ERROR_BODY_BYTES).await {
+                Ok(b) => b,
+                Err(e) => {
+                    return ToolResult::error(format!(
+                        "POST {url} answered {status}; reading its reply failed: {e}"
+                    ))
+                }
+            };
+            let text = String::from_utf8_lossy(&body.bytes);
+            let snippet = http::clip(&text, QUOTE_BYTES);
+            let more = if snippet.len() < text.len() || body.cut {
+                "… (cut)"
+            } else {
+                ""
+            };
+            return ToolResult::error(format!("POST {url} answered {status}: {snippet}{more}"));
+        }
         let is_json = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.contains("json"));
-        let body = match response.text().await {
-            Ok(b) => b,
+        let body = match http::read_capped(&mut response, MAX_REPLY_BYTES).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(too_large)) => {
+                return ToolResult::error(format!(
+                    "POST {url} {}. Have the tool answer with less (a page of results, a \
+                     summary, or where to fetch the rest)",
+                    too_large.describe("an http tool's reply", MAX_REPLY_BYTES)
+                ))
+            }
             Err(e) => return ToolResult::error(format!("reading the reply of {url}: {e}")),
         };
-        if !status.is_success() {
-            let snippet: String = body.chars().take(500).collect();
-            return ToolResult::error(format!("POST {url} answered {status}: {snippet}"));
-        }
-        if is_json {
-            if let Ok(content) = serde_json::from_str(&body) {
+        if is_json && body.len() <= JSON_PARSE_BYTES {
+            if let Ok(content) = serde_json::from_slice(&body) {
                 return ToolResult::ok(ToolResponse::Json { content });
             }
         }
-        ToolResult::text(body)
+        ToolResult::text(match String::from_utf8(body) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
     }
+}
+
+/// The client of the http tools: redirects only within the URL's origin
+/// ([`http::redirect_policy`]); the call's timeout bounds the rest.
+fn http_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .redirect(http::redirect_policy())
+        .build()
 }
 
 fn check_header(h: &EnvVarSpec) -> Result<(), String> {
@@ -483,6 +544,96 @@ mod tests {
             matches!(&missing, ToolResult::Error { message } if message.contains("AGENTS_SECRET_SVC_TOKEN")),
             "{missing:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn http_replies_are_bounded_and_redirects_stay_at_home() {
+        use super::http::tests::server;
+        use std::sync::atomic::Ordering;
+        let args = &Map::new();
+        let call = |url: String| async move {
+            match Toolbox::default()
+                .http_call(&url, &[], args, "k", &|_| None)
+                .await
+            {
+                ToolResult::Error { message } => message,
+                other => panic!("{url}: {other:?}"),
+            }
+        };
+        // 64 MiB streamed with no length: cut at the cap.
+        let close =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+        let (port, _) = server(close.into(), 64 << 20).await;
+        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        assert!(
+            e.contains("sent a reply of more than 8388608 bytes (8 MiB), the most an http tool's reply may hold"),
+            "{e}"
+        );
+        // An error page: a short excerpt of its first bytes.
+        let (port, _) = server(
+            "HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\n\r\n".into(),
+            64 << 20,
+        )
+        .await;
+        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        assert!(
+            e.starts_with(&format!(
+                "POST http://127.0.0.1:{port}/ answered 502 Bad Gateway: xxx"
+            )),
+            "{e}"
+        );
+        assert!(e.ends_with("… (cut)") && e.len() < 700, "{e}");
+        // A redirect to another host is not followed.
+        let (other, hits) = server(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n".into(),
+            2,
+        )
+        .await;
+        let (port, _) = server(
+            format!("HTTP/1.1 302 Found\r\nlocation: http://localhost:{other}/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
+            0,
+        )
+        .await;
+        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        assert!(e.contains("answered 302 Found, a redirect to"), "{e}");
+        assert_eq!(hits.load(Ordering::SeqCst), 0);
+        // Under the cap, JSON is JSON; large JSON stays the text it is.
+        let json = |body: String| {
+            let mut raw = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            raw.push_str(&body);
+            raw
+        };
+        let (port, _) = server(json("[1, 2]".into()), 0).await;
+        let small = Toolbox::default()
+            .http_call(
+                &format!("http://127.0.0.1:{port}/"),
+                &[],
+                args,
+                "k",
+                &|_| None,
+            )
+            .await;
+        assert_eq!(
+            small,
+            ToolResult::ok(ToolResponse::Json {
+                content: json!([1, 2])
+            })
+        );
+        let many = format!("[{}0]", "0,".repeat(JSON_PARSE_BYTES / 2));
+        let (port, _) = server(json(many.clone()), 0).await;
+        let large = Toolbox::default()
+            .http_call(
+                &format!("http://127.0.0.1:{port}/"),
+                &[],
+                args,
+                "k",
+                &|_| None,
+            )
+            .await;
+        assert_eq!(large, ToolResult::text(many));
     }
 
     #[test]
