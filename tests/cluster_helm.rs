@@ -1011,3 +1011,47 @@ async fn helm_install_runs_the_requested_flow_across_a_leader_change() {
     drop(guard);
     ns.delete(&client).await;
 }
+
+/// The tool egress-deny NetworkPolicy lands in every watched namespace,
+/// and the operator gets the hardening flags with their defaults.
+#[test]
+fn every_watched_namespace_gets_the_egress_deny_and_the_flags_are_passed() {
+    if helm_or_skip().is_none() {
+        return;
+    }
+    let docs = documents(&render(
+        "agents",
+        "agents-system",
+        &["watchNamespaces={team-a,team-b}"],
+    ));
+    let policies: BTreeSet<String> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "agents-tool-egress-deny"
+        })
+        .map(|d| d["metadata"]["namespace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        policies,
+        BTreeSet::from(["team-a".to_string(), "team-b".to_string()])
+    );
+    let args = operator_args(
+        &documents(&render("agents", "agents-system", &[])),
+        "agents",
+    );
+    for flag in ["--max-calls-per-reply=64", "--secrets-need-label=true"] {
+        assert!(args.iter().any(|a| a == flag), "{flag} not in {args:?}");
+    }
+    let open = operator_args(
+        &documents(&render(
+            "agents",
+            "agents-system",
+            &["operator.secretsNeedLabel=false"],
+        )),
+        "agents",
+    );
+    assert!(
+        open.iter().any(|a| a == "--secrets-need-label=false"),
+        "{open:?}"
+    );
+}
