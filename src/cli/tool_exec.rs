@@ -17,7 +17,9 @@
 
 use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
 use crate::core::ToolResult;
-use crate::runner::job::{self, MAX_RESULT_BYTES, TERMINATION_LOG};
+use crate::runner::wrapper_protocol::{
+    failure_message, report, MAX_RESULT_BYTES, TERMINATION_LOG, WRAPPER_FAILED,
+};
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -43,8 +45,6 @@ pub struct ToolExecArgs {
     pub command: Vec<String>,
 }
 
-/// The wrapper failed (not the tool): exit status 64 (EX_USAGE), as Argo's.
-const WRAPPER_FAILED: u8 = 64;
 /// The tool's stderr shown in the container log, at most.
 const STDERR_SHOWN_BYTES: usize = 1024 * 1024;
 /// The tail of stderr kept for an error result.
@@ -91,11 +91,7 @@ fn install(target: &Path) -> std::io::Result<()> {
 
 fn wrapper_failed(termination_log: &Path, message: &str) -> ExitCode {
     eprintln!("{message}");
-    let cut: String = message
-        .chars()
-        .take(job::TERMINATION_MESSAGE_LIMIT / 4)
-        .collect();
-    let _ = std::fs::write(termination_log, cut);
+    let _ = std::fs::write(termination_log, failure_message(message));
     ExitCode::from(WRAPPER_FAILED)
 }
 
@@ -124,7 +120,7 @@ async fn wrap(args: ToolExecArgs) -> ExitCode {
         }
     };
     let result = run_tool(&envelope, &args.command).await;
-    let (message, block) = job::report(&envelope.token, &result);
+    let (message, block) = report(&envelope.token, &result);
     if let Some(block) = block {
         let mut out = std::io::stdout().lock();
         if let Err(e) = out.write_all(block.as_bytes()).and_then(|_| out.flush()) {

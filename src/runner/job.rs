@@ -14,9 +14,10 @@
 //!   [`ANNOTATION_ENVELOPE_LIMIT`], an owned immutable ConfigMap. The
 //!   model's arguments never appear in the command, args or env.
 //! - The wrapper (`agents tool-exec`) reports the result envelope in the
-//!   termination message when it fits ([`TERMINATION_MESSAGE_LIMIT`]),
-//!   otherwise as a framed block in the container log ([`frame`]) while the
-//!   termination message holds a [`ResultInLog`] pointer with its SHA-256.
+//!   termination message when it fits, otherwise as a framed block in the
+//!   container log while the termination message holds a [`ResultInLog`]
+//!   pointer with its SHA-256: the protocol in [`super::wrapper_protocol`],
+//!   beside this runner, which reads it.
 //! - Hardened: no service-account token, a service account with no
 //!   permissions, non-root, read-only root (a small `emptyDir` at `/tmp`),
 //!   no privilege escalation, all capabilities dropped, `RuntimeDefault`
@@ -45,8 +46,9 @@
 //! give `InFlight`: nothing was decided, call again later. Errors that will
 //! not pass (forbidden, invalid) give an error result naming the fix.
 
+use super::wrapper_protocol::{result_from_log, sha256_hex, ResultInLog, TERMINATION_LOG};
 use crate::api::Continuation;
-use crate::core::envelope::{CallEnvelope, ResultEnvelope};
+use crate::core::envelope::CallEnvelope;
 use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
 use crate::ports::{RunKind, RunStatus, RunnerPort};
 use futures::future::BoxFuture;
@@ -54,11 +56,12 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The reading side of the wrapper's protocol, which this runner uses.
+pub use super::wrapper_protocol::{read_message, unframe, Message};
 
 /// Label on Jobs and their pods: the token of the call (the Continuation's name).
 pub const LABEL_CONTINUATION: &str = "agents-exe.io/continuation";
@@ -91,164 +94,12 @@ pub const WRAPPER_PATH: &str = "/agents-bin/agents";
 pub const INPUT_DIR: &str = "/agents-input";
 pub const ENVELOPE_FILE: &str = "envelope.json";
 pub const ENVELOPE_PATH: &str = "/agents-input/envelope.json";
-pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
-/// The kubelet keeps at most this much of a termination message.
-pub const TERMINATION_MESSAGE_LIMIT: usize = 4096;
 /// Envelopes up to this size travel in a pod annotation (all annotations of
 /// an object share 256 KiB); larger ones in an owned, immutable ConfigMap.
 pub const ANNOTATION_ENVELOPE_LIMIT: usize = 200 * 1024;
 /// A ConfigMap holds at most 1 MiB; envelopes beyond this are refused.
 pub const CONFIGMAP_ENVELOPE_LIMIT: usize = 1000 * 1024;
-/// The most a tool may print as its result. The kubelet rotates container
-/// logs at 10 MiB by default, and the log is where large results travel.
-pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
-
-/// What the termination message says when the result is in the log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ResultInLog {
-    pub result_in_log: bool,
-    /// Lowercase hex SHA-256 of the result envelope's JSON.
-    pub sha256: String,
-    pub bytes: usize,
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    crate::core::ids::hex(&Sha256::digest(bytes))
-}
-
-fn frame_begin(token: &ContinuationToken, sha: &str, bytes: usize) -> String {
-    format!("----- agents result {token} sha256={sha} bytes={bytes} -----")
-}
-
-fn frame_end(token: &ContinuationToken) -> String {
-    format!("----- end agents result {token} -----")
-}
-
-/// Longest line of a framed block: well under the 16 KiB at which the
-/// runtime splits log lines.
-const FRAME_LINE_BYTES: usize = 4096;
-
-/// The block the wrapper prints when the result is too large for the
-/// termination message: a begin line (token, hash, length), the JSON in
-/// lines of at most 4 KiB (cut at character boundaries; JSON from serde has
-/// no raw newlines), an end line. It starts with a newline so it never
-/// continues a line the tool left open.
-pub fn frame(token: &ContinuationToken, json: &str) -> String {
-    let mut out = String::with_capacity(json.len() + json.len() / FRAME_LINE_BYTES + 200);
-    out.push('\n');
-    out.push_str(&frame_begin(
-        token,
-        &sha256_hex(json.as_bytes()),
-        json.len(),
-    ));
-    out.push('\n');
-    let mut rest = json;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(FRAME_LINE_BYTES);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.push_str(&rest[..cut]);
-        out.push('\n');
-        rest = &rest[cut..];
-    }
-    out.push_str(&frame_end(token));
-    out.push('\n');
-    out
-}
-
-/// The JSON of the last complete block for `token` announced with `sha`
-/// and `bytes`, checked against both.
-pub fn unframe(
-    log: &str,
-    token: &ContinuationToken,
-    sha: &str,
-    bytes: usize,
-) -> Result<String, String> {
-    let begin = frame_begin(token, sha, bytes);
-    let end = frame_end(token);
-    let mut found: Option<String> = None;
-    let mut current: Option<String> = None;
-    for line in log.lines() {
-        if line == begin {
-            current = Some(String::with_capacity(bytes));
-        } else if line == end {
-            if let Some(block) = current.take() {
-                found = Some(block);
-            }
-        } else if let Some(block) = current.as_mut() {
-            block.push_str(line);
-        }
-    }
-    let Some(json) = found else {
-        return Err(format!(
-            "the result block for {token} (sha256 {sha}) is not in the tool's log; \
-             the log may have been rotated or the pod removed"
-        ));
-    };
-    let got = sha256_hex(json.as_bytes());
-    if json.len() != bytes || got != sha {
-        return Err(format!(
-            "the result block in the tool's log is damaged: {} bytes with sha256 {got}, \
-             announced {bytes} bytes with sha256 {sha}",
-            json.len()
-        ));
-    }
-    Ok(json)
-}
-
-/// What the wrapper reports for `result`: the termination message, and the
-/// block to print on stdout when the result does not fit in it.
-pub fn report(token: &ContinuationToken, result: &ToolResult) -> (String, Option<String>) {
-    let json = serde_json::to_string(&ResultEnvelope::from_result(token.clone(), result))
-        .expect("result envelopes serialise");
-    if json.len() <= TERMINATION_MESSAGE_LIMIT {
-        return (json, None);
-    }
-    let pointer = ResultInLog {
-        result_in_log: true,
-        sha256: sha256_hex(json.as_bytes()),
-        bytes: json.len(),
-    };
-    let block = frame(token, &json);
-    (
-        serde_json::to_string(&pointer).expect("serialises"),
-        Some(block),
-    )
-}
-
-/// How a termination message reads.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Message {
-    /// The result itself (or an error result if the envelope is bad).
-    Result(ToolResult),
-    /// The result is in the log.
-    InLog(ResultInLog),
-    /// Not from a wrapper that reported: its own failure text, or nothing.
-    Other(String),
-}
-
-pub fn read_message(message: &str, token: &ContinuationToken) -> Message {
-    let text = message.trim();
-    if text.starts_with('{') {
-        if let Ok(pointer) = serde_json::from_str::<ResultInLog>(text) {
-            if pointer.result_in_log {
-                return Message::InLog(pointer);
-            }
-        }
-        let looks_like_envelope = serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some());
-        if looks_like_envelope {
-            return Message::Result(ResultEnvelope::parse_for(text, token).unwrap_or_else(|e| {
-                ToolResult::error(format!("the tool's result envelope: {e}"))
-            }));
-        }
-    }
-    Message::Other(text.to_string())
-}
-
 /// A Job name for the attempt: a DNS label (the Job controller puts it in
 /// a pod label, so at most 63 characters), stable for (token, attempt) and
 /// distinct across them.
@@ -817,14 +668,7 @@ impl JobRunner {
                     ..Default::default()
                 };
                 match api.logs(&pod, &params).await {
-                    Ok(log) => RunStatus::Finished(
-                        unframe(&log, token, &pointer.sha256, pointer.bytes)
-                            .and_then(|json| {
-                                ResultEnvelope::parse_for(&json, token)
-                                    .map_err(|e| format!("the tool's result envelope: {e}"))
-                            })
-                            .unwrap_or_else(ToolResult::error),
-                    ),
+                    Ok(log) => RunStatus::Finished(result_from_log(&log, token, &pointer)),
                     Err(kube::Error::Api(s)) if s.code == 404 => {
                         RunStatus::Finished(ToolResult::error(format!(
                             "the tool's result was in the log of pod {pod}, which is gone: {}",
@@ -1169,6 +1013,7 @@ mod tests {
     use crate::core::envelope::ContextSnapshot;
     use crate::core::policy::{EnvVarSpec, SecretKeyRef};
     use crate::core::{AppliedPolicy, CallId, SessionId, ToolCall};
+    use crate::runner::wrapper_protocol::report;
 
     fn token() -> ContinuationToken {
         ContinuationToken("demo-t1-c0".into())
@@ -1212,54 +1057,6 @@ mod tests {
         assert_ne!(job_name(&long, 1), job_name(&other, 1));
         assert_eq!(token_label(&t), "demo-t1-c0");
         assert!(token_label(&ContinuationToken("Bad/Token".into())).starts_with("h-"));
-    }
-
-    #[test]
-    fn frames_round_trip_and_damage_is_caught() {
-        let t = token();
-        let json = format!("{{\"x\":\"{}é\"}}", "a".repeat(10_000));
-        let block = frame(&t, &json);
-        assert!(block.lines().all(|l| l.len() <= FRAME_LINE_BYTES + 100));
-        let sha = sha256_hex(json.as_bytes());
-        let log = format!("some stderr\nno newline at the end{block}more\n");
-        assert_eq!(unframe(&log, &t, &sha, json.len()).unwrap(), json);
-        let damaged = log.replacen("aaaa", "aaab", 1);
-        let e = unframe(&damaged, &t, &sha, json.len()).unwrap_err();
-        assert!(e.contains("damaged"), "{e}");
-        let e = unframe("nothing", &t, &sha, json.len()).unwrap_err();
-        assert!(e.contains("not in the tool's log"), "{e}");
-        // Another call's block is not ours.
-        let other = ContinuationToken("demo-t1-c1".into());
-        assert!(unframe(&log, &other, &sha, json.len()).is_err());
-    }
-
-    #[test]
-    fn small_results_go_in_the_message_large_ones_in_the_log() {
-        let t = token();
-        let (msg, block) = report(&t, &ToolResult::text("hi"));
-        assert!(block.is_none());
-        assert_eq!(
-            read_message(&msg, &t),
-            Message::Result(ToolResult::text("hi"))
-        );
-        let big = ToolResult::text("z".repeat(20_000));
-        let (msg, block) = report(&t, &big);
-        assert!(msg.len() < 200, "{msg}");
-        let Message::InLog(p) = read_message(&msg, &t) else {
-            panic!("{msg}")
-        };
-        let json = unframe(&block.unwrap(), &t, &p.sha256, p.bytes).unwrap();
-        assert_eq!(ResultEnvelope::parse_for(&json, &t).unwrap(), big);
-        // A message for another token is an error result, not a success.
-        let other = ContinuationToken("other-t1-c0".into());
-        let (msg, _) = report(&other, &ToolResult::text("hi"));
-        assert!(
-            matches!(read_message(&msg, &t), Message::Result(ToolResult::Error { message }) if message.contains("token"))
-        );
-        assert_eq!(
-            read_message("cannot read the envelope", &t),
-            Message::Other("cannot read the envelope".into())
-        );
     }
 
     async fn runner() -> JobRunner {

@@ -27,6 +27,7 @@
 
 pub mod container;
 pub mod job;
+pub mod wrapper_protocol;
 
 use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};
 use crate::core::{IsolationSpec, ToolResult};
