@@ -46,6 +46,7 @@
 //! give `InFlight`: nothing was decided, call again later. Errors that will
 //! not pass (forbidden, invalid) give an error result naming the fix.
 
+use super::check_var_name;
 use super::wrapper_protocol::{result_from_log, sha256_hex, ResultInLog, TERMINATION_LOG};
 use crate::api::Continuation;
 use crate::core::envelope::CallEnvelope;
@@ -249,10 +250,6 @@ impl Owner {
     }
 }
 
-/// Variables the wrapper sets itself (from the envelope); a tool cannot
-/// replace them.
-const RESERVED_ENV: &[&str] = &["AGENTS_TOKEN", "AGENTS_ENVELOPE_VERSION"];
-
 #[derive(Clone)]
 pub struct JobRunner {
     client: Client,
@@ -357,33 +354,7 @@ impl JobRunner {
                     .into(),
             );
         }
-        let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
-        for var in &spec.env {
-            let name = var.name.as_str();
-            if name.is_empty() || name.contains(['=', '\0']) {
-                return Err(format!(
-                    "the tool's env has an invalid variable name {name:?}"
-                ));
-            }
-            if RESERVED_ENV.contains(&name) {
-                return Err(format!(
-                    "the tool's env sets {name}, which the runner sets itself; remove it"
-                ));
-            }
-            let entry = match (&var.value, &var.secret) {
-                (Some(v), None) => json!({"name": name, "value": v}),
-                (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
-                    "name": r.name, "key": r.key, "optional": false,
-                }}}),
-                _ => {
-                    return Err(format!(
-                        "the tool's env: {name:?} needs exactly one of value and secret"
-                    ))
-                }
-            };
-            env.retain(|e| e["name"] != name);
-            env.push(entry);
-        }
+        let env = job_env(spec)?;
         let mut limits = self.defaults.limits.clone();
         let mut requests = self.defaults.requests.clone();
         for (k, v) in &spec.limits {
@@ -717,6 +688,30 @@ impl JobRunner {
             Err(e) => api_failure(&format!("recording the failure on Job {name}"), e),
         }
     }
+}
+
+/// The tool container's env: `HOME`, then the variables the definition
+/// names, secrets as `secretKeyRef` (the wrapper adds the runner's own).
+fn job_env(spec: &IsolationSpec) -> Result<Vec<serde_json::Value>, String> {
+    let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
+    for var in &spec.env {
+        let name = var.name.as_str();
+        check_var_name(name, false)?;
+        let entry = match (&var.value, &var.secret) {
+            (Some(v), None) => json!({"name": name, "value": v}),
+            (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
+                "name": r.name, "key": r.key, "optional": false,
+            }}}),
+            _ => {
+                return Err(format!(
+                    "the tool's env: {name:?} needs exactly one of value and secret"
+                ))
+            }
+        };
+        env.retain(|e| e["name"] != name);
+        env.push(entry);
+    }
+    Ok(env)
 }
 
 fn now_seconds() -> i64 {

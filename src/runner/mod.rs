@@ -24,17 +24,23 @@
 //!   `run` from `spawn_blocking` or a short-lived thread, whose exit would
 //!   kill the tool. The tool's own children do not inherit the signal;
 //!   they die with the group on every exit path except a SIGKILLed worker.
+//!
+//! The child-process harness (envelope on stdin, capped reads, group kill,
+//! timeout, reading the answer) is `harness`, shared with the container
+//! runner and the Job's in-pod wrapper; what the wrapper reports, and how
+//! the Job runner reads it, is [`wrapper_protocol`].
 
 pub mod container;
+pub(crate) mod harness;
 pub mod job;
 pub mod wrapper_protocol;
 
-use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};
+use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
 use crate::core::{IsolationSpec, ToolResult};
+use harness::{interpret, Captured, Ended, Exchange, Options, Stopped};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 /// `PATH` of every tool process: system directories only, never the
@@ -93,46 +99,10 @@ impl ProcessRunner {
             ("HOME".into(), home.display().to_string()),
             ("LANG".into(), "C.UTF-8".into()),
         ];
-        let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
-            env.retain(|(name, _)| name != k);
-            env.push((k.to_string(), v));
-        };
         for (k, v) in &self.env {
-            set(&mut env, k, v.clone());
+            set_var(&mut env, k, v.clone());
         }
-        for var in &spec.env {
-            let name = &var.name;
-            if name.is_empty() || name.contains(['=', '\0']) {
-                return Err(format!(
-                    "the tool's env has an invalid variable name {name:?}"
-                ));
-            }
-            if RESERVED.contains(&name.as_str()) {
-                return Err(format!(
-                    "the tool's env sets {name}, which the runner sets itself; remove it"
-                ));
-            }
-            let value = var
-                .resolve(lookup)
-                .map_err(|e| format!("the tool's env: {e}"))?;
-            if value.contains('\0') {
-                return Err(format!(
-                    "the tool's env: the value of {name} holds a NUL byte"
-                ));
-            }
-            set(&mut env, name, value);
-        }
-        set(
-            &mut env,
-            "AGENTS_TOKEN",
-            envelope.token.as_str().to_string(),
-        );
-        set(
-            &mut env,
-            "AGENTS_ENVELOPE_VERSION",
-            ENVELOPE_VERSION.to_string(),
-        );
-        Ok(env)
+        with_tool_vars(env, envelope, spec, lookup, false)
     }
 
     pub async fn run(
@@ -159,58 +129,63 @@ impl ProcessRunner {
             Err(e) => return failed(started, e),
         };
         let mut cmd = Command::new(program);
-        cmd.args(rest)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            // Its own process group, so a timeout also ends grandchildren.
-            .process_group(0);
-        die_with_this_thread(&mut cmd);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        cmd.args(rest).env_clear().envs(env);
+        // The group dies with the tool, on a timeout and when this future
+        // is dropped mid-run; the tool dies with this thread.
+        let tool = match harness::spawn(&mut cmd, Options::HOST_TOOL) {
+            Ok(t) => t,
             Err(e) => return failed(started, format!("cannot start {program:?}: {e}")),
         };
-        // Kills the group however this function is left, including when
-        // the future is dropped mid-run.
-        let mut group = GroupKill(child.id().map(|p| p as i32));
-        let input = serde_json::to_vec(envelope).expect("envelopes serialise");
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let io = async {
-            // A tool may exit without reading its input; that is fine.
-            let write = async {
-                let _ = stdin.write_all(&input).await;
-                drop(stdin);
-            };
-            let wait = async {
-                let status = child.wait().await;
-                // Children it left behind die with it (as in a Job's pod);
-                // they would also hold the output pipes open.
-                group.kill();
-                status
-            };
-            let (_, out, err, status) = tokio::join!(
-                write,
-                read_capped(&mut stdout),
-                read_capped(&mut stderr),
-                wait
-            );
-            (out, err, status)
-        };
-        let outcome = match tokio::time::timeout(timeout, io).await {
-            Ok((stdout, stderr, status)) => {
-                let exit_code = status.as_ref().ok().and_then(|s| s.code());
-                let result = match status {
-                    Err(e) => ToolResult::error(format!("waiting for {program:?}: {e}")),
-                    Ok(s) => interpret(envelope, s.success(), exit_code, &stdout, &stderr),
-                };
+        let ended = tool.exchange(exchange(envelope, timeout)).await;
+        let outcome = ProcessOutcome::of(
+            started,
+            ended,
+            || {
+                format!(
+                    "timed out after {}s; the process was killed",
+                    timeout.as_secs_f64()
+                )
+            },
+            |status, stdout, stderr| match status {
+                Err(e) => ToolResult::error(format!("waiting for {program:?}: {e}")),
+                Ok(s) => interpret(envelope, s.success(), s.code(), stdout, stderr),
+            },
+        );
+        drop(home);
+        outcome
+    }
+}
+
+/// The conversation of the process and container runners: both outputs
+/// captured up to [`MAX_CAPTURE_BYTES`], no signals to forward, `timeout`
+/// for the whole run.
+fn exchange(envelope: &CallEnvelope, timeout: Duration) -> Exchange<'_, Captured> {
+    Exchange {
+        envelope,
+        stdout_cap: MAX_CAPTURE_BYTES,
+        stderr: Captured::new(MAX_CAPTURE_BYTES),
+        signals: &mut [],
+        timeout: Some(timeout),
+        drain: None,
+    }
+}
+
+impl ProcessOutcome {
+    /// The outcome of a run: `judge` reads the exit status and output of
+    /// an ended child; a stopped one timed out (`timed_out` says how it
+    /// was ended).
+    fn of(
+        started: Instant,
+        ended: Result<Ended<Captured>, Stopped>,
+        timed_out: impl FnOnce() -> String,
+        judge: impl FnOnce(&std::io::Result<ExitStatus>, &str, &str) -> ToolResult,
+    ) -> Self {
+        match ended {
+            Ok(ended) => {
+                let (stdout, stderr) = (ended.stdout.text(), ended.stderr.text());
                 ProcessOutcome {
-                    result,
-                    exit_code,
+                    result: judge(&ended.status, &stdout, &stderr),
+                    exit_code: ended.exit_code(),
                     stdout,
                     stderr,
                     timed_out: false,
@@ -218,76 +193,77 @@ impl ProcessRunner {
                 }
             }
             Err(_) => ProcessOutcome {
-                result: ToolResult::error(format!(
-                    "timed out after {}s; the process was killed",
-                    timeout.as_secs_f64()
-                )),
-                exit_code: None,
-                stdout: String::new(),
-                stderr: String::new(),
                 timed_out: true,
-                elapsed: started.elapsed(),
+                ..failed(started, timed_out())
             },
-        };
-        drop(group);
-        drop(home);
-        outcome
-    }
-}
-
-/// SIGKILLs a process group when dropped (or at [`GroupKill::kill`]).
-struct GroupKill(Option<i32>);
-
-impl GroupKill {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // SAFETY: kill(2) with a negative pid signals the group created
-            // at spawn; no memory is involved.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
         }
     }
 }
 
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Sets `name` in `env`, replacing an earlier value.
+fn set_var(env: &mut Vec<(String, String)>, name: &str, value: String) {
+    env.retain(|(k, _)| k != name);
+    env.push((name.to_string(), value));
 }
 
-/// The child gets SIGKILL when the thread that spawned it ends: a worker
-/// killed with SIGKILL takes its tool along instead of leaving it running
-/// under pid 1 while another worker runs the same call.
-#[cfg(target_os = "linux")]
-fn die_with_this_thread(cmd: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe system calls (prctl, getppid), touching no memory
-    // shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The worker may have died before prctl took effect.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
+/// `Err` (the message for the model) when `name` may not be a tool's
+/// variable: not a name (`strict`: also when it holds white space), or one
+/// the runner sets itself.
+fn check_var_name(name: &str, strict: bool) -> Result<(), String> {
+    let invalid = name.is_empty()
+        || name.contains(['=', '\0'])
+        || (strict && name.chars().any(char::is_whitespace));
+    if invalid {
+        return Err(format!(
+            "the tool's env has an invalid variable name {name:?}"
+        ));
     }
+    if RESERVED.contains(&name) {
+        return Err(format!(
+            "the tool's env sets {name}, which the runner sets itself; remove it"
+        ));
+    }
+    Ok(())
 }
 
-#[cfg(not(target_os = "linux"))]
-fn die_with_this_thread(_: &mut Command) {}
+/// `env` (the runner's fixed set), then the variables the tool's definition
+/// names (values resolved by `lookup`, secrets included), then the
+/// runner's own ([`runner_vars`]); a later variable replaces an earlier one
+/// of the same name.
+fn with_tool_vars(
+    mut env: Vec<(String, String)>,
+    envelope: &CallEnvelope,
+    spec: &IsolationSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    strict: bool,
+) -> Result<Vec<(String, String)>, String> {
+    for var in &spec.env {
+        let name = &var.name;
+        check_var_name(name, strict)?;
+        let value = var
+            .resolve(lookup)
+            .map_err(|e| format!("the tool's env: {e}"))?;
+        if value.contains('\0') {
+            return Err(format!(
+                "the tool's env: the value of {name} holds a NUL byte"
+            ));
+        }
+        set_var(&mut env, name, value);
+    }
+    for (name, value) in runner_vars(envelope) {
+        set_var(&mut env, name, value);
+    }
+    Ok(env)
+}
+
+/// The variables every runner gives a tool itself: the call's token and
+/// the envelope version.
+pub(crate) fn runner_vars(envelope: &CallEnvelope) -> [(&'static str, String); 2] {
+    [
+        ("AGENTS_TOKEN", envelope.token.as_str().to_string()),
+        ("AGENTS_ENVELOPE_VERSION", ENVELOPE_VERSION.to_string()),
+    ]
+}
 
 /// A private, empty `HOME` for one run, removed afterwards: a tool finds
 /// no dotfiles or credentials of the worker's user there.
@@ -353,59 +329,6 @@ fn failed(started: Instant, message: impl Into<String>) -> ProcessOutcome {
         stderr: String::new(),
         timed_out: false,
         elapsed: started.elapsed(),
-    }
-}
-
-async fn read_capped(r: &mut (impl AsyncReadExt + Unpin)) -> String {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                // Keep draining past the cap so the child never blocks on a full pipe.
-                let room = MAX_CAPTURE_BYTES.saturating_sub(buf.len());
-                buf.extend_from_slice(&chunk[..n.min(room)]);
-            }
-        }
-    }
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn looks_like_result_envelope(text: &str) -> bool {
-    text.starts_with('{')
-        && serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some())
-}
-
-/// Turns what the child printed into the call's result (the Job runner's
-/// wrapper, `agents tool-exec`, uses it too, so both runners agree).
-pub(crate) fn interpret(
-    envelope: &CallEnvelope,
-    success: bool,
-    exit_code: Option<i32>,
-    stdout: &str,
-    stderr: &str,
-) -> ToolResult {
-    let trimmed = stdout.trim();
-    // Something that claims to be a result envelope must be a valid one
-    // for this token; anything else is the tool's plain output.
-    if looks_like_result_envelope(trimmed) {
-        return ResultEnvelope::parse_for(trimmed, &envelope.token)
-            .unwrap_or_else(|e| ToolResult::error(format!("the tool's result envelope: {e}")));
-    }
-    if success {
-        return ToolResult::text(stdout.trim_end().to_string());
-    }
-    let tail: String = {
-        let chars: Vec<char> = stderr.trim_end().chars().collect();
-        chars[chars.len().saturating_sub(2000)..].iter().collect()
-    };
-    let code = exit_code.map_or("a signal".to_string(), |c| format!("exit status {c}"));
-    if tail.is_empty() {
-        ToolResult::error(format!("the tool ended with {code}"))
-    } else {
-        ToolResult::error(format!("the tool ended with {code}: {tail}"))
     }
 }
 

@@ -15,6 +15,7 @@
 //! - The runner reads a termination message with [`read_message`] and a
 //!   block in the log with [`result_from_log`].
 
+use super::harness::{claimed_result, parse_result};
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{ContinuationToken, ToolResult};
 use serde::{Deserialize, Serialize};
@@ -165,12 +166,8 @@ pub fn read_message(message: &str, token: &ContinuationToken) -> Message {
                 return Message::InLog(pointer);
             }
         }
-        let looks_like_envelope = serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some());
-        if looks_like_envelope {
-            return Message::Result(ResultEnvelope::parse_for(text, token).unwrap_or_else(|e| {
-                ToolResult::error(format!("the tool's result envelope: {e}"))
-            }));
+        if let Some(result) = claimed_result(text, token) {
+            return Message::Result(result);
         }
     }
     Message::Other(text.to_string())
@@ -181,8 +178,7 @@ pub fn read_message(message: &str, token: &ContinuationToken) -> Message {
 /// envelope for `token`.
 pub fn result_from_log(log: &str, token: &ContinuationToken, pointer: &ResultInLog) -> ToolResult {
     match unframe(log, token, &pointer.sha256, pointer.bytes) {
-        Ok(json) => ResultEnvelope::parse_for(&json, token)
-            .unwrap_or_else(|e| ToolResult::error(format!("the tool's result envelope: {e}"))),
+        Ok(json) => parse_result(&json, token),
         Err(e) => ToolResult::error(e),
     }
 }
