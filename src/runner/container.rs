@@ -264,6 +264,29 @@ pub fn container_name(token: &str, attempt: u32) -> String {
 /// environment (whose values `--env NAME` hands to the container).
 pub type EngineCommand = (Vec<String>, Vec<(String, String)>);
 
+/// The hardening flags of every tool container (see the module docs).
+const HARDENING: &[&str] = &[
+    "--network",
+    "none",
+    "--read-only",
+    "--tmpfs",
+    "/tmp:rw,nosuid,nodev,size=64m",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--user",
+    TOOL_USER,
+    "--pids-limit",
+    "256",
+    // Root may lack CAP_SYS_RESOURCE, and the engines' defaults can
+    // exceed the machine's limits: runc then fails to set them.
+    "--ulimit",
+    "nofile=1024:4096",
+    "--ulimit",
+    "nproc=1024:2048",
+];
+
 /// The engine's arguments (global ones, `run`, hardening, limits, env
 /// names, image, command) and the values of the variables the container
 /// gets; `lookup` reads the worker's environment (secrets, settings).
@@ -281,61 +304,10 @@ pub fn run_command(
             .map(|v| v.split_whitespace().map(String::from).collect())
             .unwrap_or_default()
     };
-    let memory = spec
-        .limits
-        .get("memory")
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_MEMORY);
-    let cpu = spec
-        .limits
-        .get("cpu")
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_CPU);
-    let pull = match lookup(PULL_ENV).as_deref().map(str::trim) {
-        None | Some("") | Some("never") => "never",
-        Some("missing") => "missing",
-        Some("always") => "always",
-        Some(other) => {
-            return Err(format!(
-                "{PULL_ENV}={other:?} is not one of never, missing, always"
-            ))
-        }
-    };
     let mut argv = words(ENGINE_ARGS_ENV);
-    argv.extend(
-        [
-            "run",
-            "--rm",
-            "-i",
-            "--name",
-            name,
-            "--network",
-            "none",
-            "--read-only",
-            "--tmpfs",
-            "/tmp:rw,nosuid,nodev,size=64m",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--user",
-            TOOL_USER,
-            "--pids-limit",
-            "256",
-            // Root may lack CAP_SYS_RESOURCE, and the engines' defaults can
-            // exceed the machine's limits: runc then fails to set them.
-            "--ulimit",
-            "nofile=1024:4096",
-            "--ulimit",
-            "nproc=1024:2048",
-        ]
-        .map(String::from),
-    );
-    argv.push("--memory".into());
-    argv.push(memory_flag(memory)?);
-    argv.push("--cpus".into());
-    argv.push(cpus_flag(cpu)?);
-    argv.push(format!("--pull={pull}"));
+    argv.extend(["run", "--rm", "-i", "--name", name].map(String::from));
+    argv.extend(HARDENING.iter().map(|f| f.to_string()));
+    argv.extend(limit_flags(spec, lookup)?);
     let base = vec![
         ("HOME".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
@@ -356,6 +328,39 @@ pub fn run_command(
     // The client itself inherits the worker's environment (it may need
     // XDG_RUNTIME_DIR, DOCKER_HOST, ...); the container gets none of it.
     Ok((argv, client_env))
+}
+
+/// `--memory`, `--cpus` (the definition's limits, else the defaults) and
+/// `--pull` (from [`PULL_ENV`]).
+fn limit_flags(
+    spec: &IsolationSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<[String; 5], String> {
+    let limit = |key: &str, default: &'static str| {
+        spec.limits
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or(default)
+            .to_string()
+    };
+    let (memory, cpu) = (limit("memory", DEFAULT_MEMORY), limit("cpu", DEFAULT_CPU));
+    let pull = match lookup(PULL_ENV).as_deref().map(str::trim) {
+        None | Some("") | Some("never") => "never",
+        Some("missing") => "missing",
+        Some("always") => "always",
+        Some(other) => {
+            return Err(format!(
+                "{PULL_ENV}={other:?} is not one of never, missing, always"
+            ))
+        }
+    };
+    Ok([
+        "--memory".into(),
+        memory_flag(&memory)?,
+        "--cpus".into(),
+        cpus_flag(&cpu)?,
+        format!("--pull={pull}"),
+    ])
 }
 
 /// A Kubernetes memory quantity (`128Mi`, `1Gi`, `500M`, `1048576`) as bytes.
@@ -399,17 +404,22 @@ pub fn cpus_flag(q: &str) -> Result<String, String> {
 
 /// `kill` then `rm -f`: a shell as the container's pid 1 ignores the
 /// SIGTERM `rm -f` starts with, which would cost the engine's grace period.
-async fn remove(engine: &Engine, name: &str) {
+fn removal(engine: &Engine, name: &str) -> [std::process::Command; 2] {
     let extra = global_args();
-    for verb in [&["kill", name][..], &["rm", "-f", name][..]] {
-        let _ = Command::new(&engine.program)
-            .args(&extra)
+    [&["kill", name][..], &["rm", "-f", name][..]].map(|verb| {
+        let mut cmd = std::process::Command::new(&engine.program);
+        cmd.args(&extra)
             .args(verb)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
+            .stderr(Stdio::null());
+        cmd
+    })
+}
+
+async fn remove(engine: &Engine, name: &str) {
+    for cmd in removal(engine, name) {
+        let _ = Command::from(cmd).status().await;
     }
 }
 
@@ -440,19 +450,10 @@ impl Remover {
 impl Drop for Remover {
     fn drop(&mut self) {
         if let Some((engine, name)) = self.0.take() {
-            let extra = global_args();
+            let steps = removal(&engine, &name);
             std::thread::spawn(move || {
-                for verb in [
-                    &["kill", name.as_str()][..],
-                    &["rm", "-f", name.as_str()][..],
-                ] {
-                    let _ = std::process::Command::new(&engine.program)
-                        .args(&extra)
-                        .args(verb)
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status();
+                for mut cmd in steps {
+                    let _ = cmd.status();
                 }
             });
         }
