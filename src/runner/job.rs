@@ -354,34 +354,7 @@ impl JobRunner {
                     .into(),
             );
         }
-        let env = job_env(spec)?;
-        let mut limits = self.defaults.limits.clone();
-        let mut requests = self.defaults.requests.clone();
-        for (k, v) in &spec.limits {
-            limits.insert(k.clone(), v.clone());
-            // Without parsing quantities, the only request surely within
-            // the limit is the limit itself.
-            requests.insert(k.clone(), v.clone());
-        }
         let deadline = timeout.as_secs_f64().ceil().max(1.0) as i64;
-        let uid = self.defaults.run_as_user;
-        let container_security = json!({
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "runAsUser": uid,
-            "runAsGroup": uid,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        });
-        let mut command = vec![
-            WRAPPER_PATH.to_string(),
-            "tool-exec".into(),
-            "--envelope".into(),
-            ENVELOPE_PATH.into(),
-            "--".into(),
-        ];
-        command.extend(spec.command.iter().cloned());
         let labels = json!({
             LABEL_CONTINUATION: token_label(token),
             LABEL_ATTEMPT: attempt.to_string(),
@@ -389,21 +362,7 @@ impl JobRunner {
             "app.kubernetes.io/managed-by": "agents",
         });
         let session = envelope.context.session.0.as_str();
-        let (pod_annotations, input_volume) = match source {
-            EnvelopeSource::Annotation(text) => (
-                json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
-                json!({"name": "agents-input", "downwardAPI": {"items": [{
-                    "path": ENVELOPE_FILE,
-                    "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
-                }]}}),
-            ),
-            EnvelopeSource::ConfigMap(name) => (
-                json!({ ANNOTATION_SESSION: session }),
-                json!({"name": "agents-input", "configMap": {"name": name, "items": [{
-                    "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
-                }]}}),
-            ),
-        };
+        let (pod_annotations, input_volume) = envelope_input(source, session);
         let job = json!({
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -420,58 +379,105 @@ impl JobRunner {
                 "ttlSecondsAfterFinished": self.defaults.ttl_seconds_after_finished,
                 "template": {
                     "metadata": {"labels": labels, "annotations": pod_annotations},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "serviceAccountName": self.defaults.service_account,
-                        "automountServiceAccountToken": false,
-                        "enableServiceLinks": false,
-                        "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
-                        "securityContext": {
-                            "runAsNonRoot": true,
-                            "runAsUser": uid,
-                            "runAsGroup": uid,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "initContainers": [{
-                            "name": INSTALL_CONTAINER,
-                            "image": self.agents_image,
-                            "imagePullPolicy": self.defaults.agents_image_pull_policy,
-                            "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
-                            "securityContext": container_security,
-                            "resources": {
-                                "requests": {"cpu": "50m", "memory": "32Mi"},
-                                "limits": {"cpu": "500m", "memory": "128Mi"},
-                            },
-                            "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
-                            "terminationMessagePolicy": "File",
-                        }],
-                        "containers": [{
-                            "name": TOOL_CONTAINER,
-                            "image": spec.image,
-                            "imagePullPolicy": self.defaults.tool_image_pull_policy,
-                            "command": command,
-                            "args": spec.args,
-                            "env": env,
-                            "resources": {"limits": limits, "requests": requests},
-                            "securityContext": container_security,
-                            "volumeMounts": [
-                                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
-                                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                            "terminationMessagePath": TERMINATION_LOG,
-                            "terminationMessagePolicy": "File",
-                        }],
-                        "volumes": [
-                            {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
-                            input_volume,
-                            {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
-                        ],
-                    },
+                    "spec": self.pod_spec(spec, input_volume)?,
                 },
             },
         });
         serde_json::from_value(job).map_err(|e| format!("building the tool's Job: {e}"))
+    }
+
+    /// The tool pod's spec: the wrapper's init container, the tool's
+    /// container, their volumes.
+    fn pod_spec(
+        &self,
+        spec: &IsolationSpec,
+        input_volume: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let uid = self.defaults.run_as_user;
+        let container_security = json!({
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        });
+        Ok(json!({
+            "restartPolicy": "Never",
+            "serviceAccountName": self.defaults.service_account,
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": uid,
+                "runAsGroup": uid,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "initContainers": [{
+                "name": INSTALL_CONTAINER,
+                "image": self.agents_image,
+                "imagePullPolicy": self.defaults.agents_image_pull_policy,
+                "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
+                "securityContext": container_security,
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "32Mi"},
+                    "limits": {"cpu": "500m", "memory": "128Mi"},
+                },
+                "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
+                "terminationMessagePolicy": "File",
+            }],
+            "containers": [self.tool_container(spec, container_security)?],
+            "volumes": [
+                {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
+                input_volume,
+                {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
+            ],
+        }))
+    }
+
+    /// The tool's container: its image, its command wrapped by the
+    /// wrapper, the env its definition names, its limits.
+    fn tool_container(
+        &self,
+        spec: &IsolationSpec,
+        security: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let env = job_env(spec)?;
+        let mut limits = self.defaults.limits.clone();
+        let mut requests = self.defaults.requests.clone();
+        for (k, v) in &spec.limits {
+            limits.insert(k.clone(), v.clone());
+            // Without parsing quantities, the only request surely within
+            // the limit is the limit itself.
+            requests.insert(k.clone(), v.clone());
+        }
+        let mut command = vec![
+            WRAPPER_PATH.to_string(),
+            "tool-exec".into(),
+            "--envelope".into(),
+            ENVELOPE_PATH.into(),
+            "--".into(),
+        ];
+        command.extend(spec.command.iter().cloned());
+        Ok(json!({
+            "name": TOOL_CONTAINER,
+            "image": spec.image,
+            "imagePullPolicy": self.defaults.tool_image_pull_policy,
+            "command": command,
+            "args": spec.args,
+            "env": env,
+            "resources": {"limits": limits, "requests": requests},
+            "securityContext": security,
+            "volumeMounts": [
+                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
+                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
+                {"name": "tmp", "mountPath": "/tmp"},
+            ],
+            "terminationMessagePath": TERMINATION_LOG,
+            "terminationMessagePolicy": "File",
+        }))
     }
 
     /// The owning Continuation, or the status to report without it.
@@ -687,6 +693,28 @@ impl JobRunner {
             }
             Err(e) => api_failure(&format!("recording the failure on Job {name}"), e),
         }
+    }
+}
+
+/// The pod's annotations and the volume the envelope file comes from.
+fn envelope_input(
+    source: &EnvelopeSource,
+    session: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    match source {
+        EnvelopeSource::Annotation(text) => (
+            json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
+            json!({"name": "agents-input", "downwardAPI": {"items": [{
+                "path": ENVELOPE_FILE,
+                "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
+            }]}}),
+        ),
+        EnvelopeSource::ConfigMap(name) => (
+            json!({ ANNOTATION_SESSION: session }),
+            json!({"name": "agents-input", "configMap": {"name": name, "items": [{
+                "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
+            }]}}),
+        ),
     }
 }
 
