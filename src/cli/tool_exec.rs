@@ -364,28 +364,10 @@ const DRAIN: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
-    use std::collections::BTreeMap;
+    use crate::runner::fixtures;
 
     fn envelope() -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: r#"{"x":"$(touch /tmp/pwned) 'q' \"dq\""}"#.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("s", r#"{"x":"$(touch /tmp/pwned) 'q' \"dq\""}"#)
     }
 
     fn sh(script: &str) -> Vec<String> {

@@ -463,56 +463,19 @@ impl Drop for Remover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
-    use std::collections::BTreeMap;
-
-    fn envelope() -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "t".into(),
-                arguments: "{}".into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
-    }
+    use crate::runner::fixtures::{envelope, image_tool};
 
     #[test]
     fn the_command_is_hardened_and_secrets_stay_off_the_command_line() {
-        let spec = IsolationSpec {
-            image: "agents.local/busybox:ci".into(),
-            command: vec!["sh".into(), "-c".into(), "cat".into()],
-            args: vec!["x".into()],
-            limits: [("memory".to_string(), "64Mi".to_string())].into(),
-            env: vec![
-                EnvVarSpec {
-                    name: "GREETING".into(),
-                    value: Some("hi".into()),
-                    ..Default::default()
-                },
-                EnvVarSpec {
-                    name: "TOKEN".into(),
-                    secret: Some(SecretKeyRef {
-                        name: "gh".into(),
-                        key: "token".into(),
-                    }),
-                    ..Default::default()
-                },
-            ],
-        };
+        let spec = image_tool(
+            "agents.local/busybox:ci",
+            &["sh", "-c", "cat"],
+            &["x"],
+            ("GREETING", "hi"),
+        );
         let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
-        let (argv, env) = run_command("agents-s-t1-c0-a1", &envelope(), &spec, &lookup).unwrap();
+        let (argv, env) =
+            run_command("agents-s-t1-c0-a1", &envelope("s", "{}"), &spec, &lookup).unwrap();
         let line = argv.join(" ");
         for flag in [
             "run --rm -i --name agents-s-t1-c0-a1",
@@ -534,7 +497,7 @@ mod tests {
         assert!(!line.contains("s3cret") && !line.contains("hi "), "{line}");
         assert!(env.contains(&("TOKEN".into(), "s3cret".into())));
         assert!(env.contains(&("AGENTS_TOKEN".into(), "s-t1-c0".into())));
-        let missing = run_command("n", &envelope(), &spec, &|_| None).unwrap_err();
+        let missing = run_command("n", &envelope("s", "{}"), &spec, &|_| None).unwrap_err();
         assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
     }
 

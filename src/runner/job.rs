@@ -1033,9 +1033,7 @@ impl RunnerPort for JobRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-    use crate::core::{AppliedPolicy, CallId, SessionId, ToolCall};
+    use crate::runner::fixtures::{self, image_tool, value_var};
     use crate::runner::wrapper_protocol::report;
 
     fn token() -> ContinuationToken {
@@ -1043,23 +1041,7 @@ mod tests {
     }
 
     fn envelope(args: &str) -> CallEnvelope {
-        CallEnvelope::new(
-            token(),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: args.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("demo".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "ns/demo/uid/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("demo", args)
     }
 
     #[test]
@@ -1100,44 +1082,37 @@ mod tests {
         }
     }
 
+    /// The arguments of the hardening test's call: what must never reach
+    /// the pod's spec.
+    const ARGS: &str = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
+
+    fn tool() -> IsolationSpec {
+        image_tool("busybox:ci", &["sh", "-c"], &["cat"], ("MODE", "fast"))
+    }
+
+    /// The Job of attempt `attempt` of the call with [`ARGS`].
+    async fn build(
+        spec: &IsolationSpec,
+        attempt: u32,
+        timeout: Duration,
+        source: EnvelopeSource,
+    ) -> Result<serde_json::Value, String> {
+        runner()
+            .await
+            .build_job(&envelope(ARGS), spec, attempt, timeout, &owner(), &source)
+            .map(|job| serde_json::to_value(&job).unwrap())
+    }
+
+    fn in_annotation() -> EnvelopeSource {
+        EnvelopeSource::Annotation(serde_json::to_string(&envelope(ARGS)).unwrap())
+    }
+
     #[tokio::test]
     async fn the_job_is_hardened_and_carries_no_arguments() {
-        let r = runner().await;
-        let args = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
-        let env = envelope(args);
-        let spec = IsolationSpec {
-            image: "busybox:ci".into(),
-            command: vec!["sh".into(), "-c".into()],
-            args: vec!["cat".into()],
-            limits: [("memory".to_string(), "64Mi".to_string())].into(),
-            env: vec![
-                EnvVarSpec {
-                    name: "MODE".into(),
-                    value: Some("fast".into()),
-                    ..Default::default()
-                },
-                EnvVarSpec {
-                    name: "TOKEN".into(),
-                    secret: Some(SecretKeyRef {
-                        name: "gh".into(),
-                        key: "token".into(),
-                    }),
-                    ..Default::default()
-                },
-            ],
-        };
-        let text = serde_json::to_string(&env).unwrap();
-        let job = r
-            .build_job(
-                &env,
-                &spec,
-                2,
-                Duration::from_millis(30_500),
-                &owner(),
-                &EnvelopeSource::Annotation(text.clone()),
-            )
+        let text = serde_json::to_string(&envelope(ARGS)).unwrap();
+        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
+            .await
             .unwrap();
-        let v = serde_json::to_value(&job).unwrap();
         assert_eq!(v["metadata"]["name"], job_name(&token(), 2));
         assert_eq!(v["metadata"]["labels"][LABEL_CONTINUATION], "demo-t1-c0");
         assert_eq!(v["metadata"]["labels"][LABEL_ATTEMPT], "2");
@@ -1153,7 +1128,25 @@ mod tests {
         assert_eq!(ps["enableServiceLinks"], false);
         assert_eq!(ps["restartPolicy"], "Never");
         assert_eq!(ps["securityContext"]["runAsNonRoot"], true);
-        let tool = &ps["containers"][0];
+        for c in [&ps["containers"][0], &ps["initContainers"][0]] {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false);
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+            assert!(c["resources"]["limits"]["memory"].is_string());
+        }
+        // The arguments are only in the annotation, never in the spec.
+        let spec_text = serde_json::to_string(ps).unwrap();
+        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
+    }
+
+    #[tokio::test]
+    async fn the_tool_container_wraps_the_command_with_the_named_env_and_limits() {
+        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
+            .await
+            .unwrap();
+        let tool = &v["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(tool["name"], TOOL_CONTAINER);
         assert_eq!(
             tool["command"],
@@ -1168,14 +1161,6 @@ mod tests {
             ])
         );
         assert_eq!(tool["args"], json!(["cat"]));
-        for c in [tool, &ps["initContainers"][0]] {
-            let sc = &c["securityContext"];
-            assert_eq!(sc["allowPrivilegeEscalation"], false);
-            assert_eq!(sc["readOnlyRootFilesystem"], true);
-            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
-            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
-            assert!(c["resources"]["limits"]["memory"].is_string());
-        }
         assert_eq!(tool["resources"]["limits"]["memory"], "64Mi");
         assert_eq!(tool["resources"]["requests"]["memory"], "64Mi");
         assert_eq!(tool["resources"]["limits"]["cpu"], "500m");
@@ -1187,54 +1172,31 @@ mod tests {
                 {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "token", "optional": false}}},
             ])
         );
-        // The arguments are only in the annotation, never in the spec.
-        let spec_text = serde_json::to_string(ps).unwrap();
-        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
-        // Reserved names and missing commands are refused.
-        let mut bad = spec.clone();
-        bad.env.push(EnvVarSpec {
-            name: "AGENTS_TOKEN".into(),
-            value: Some("x".into()),
-            ..Default::default()
-        });
-        let e = r
-            .build_job(
-                &env,
-                &bad,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::Annotation(text.clone()),
-            )
-            .unwrap_err();
+    }
+
+    #[tokio::test]
+    async fn reserved_names_and_missing_commands_are_refused() {
+        let second = Duration::from_secs(1);
+        let mut bad = tool();
+        bad.env.push(value_var("AGENTS_TOKEN", "x"));
+        let e = build(&bad, 1, second, in_annotation()).await.unwrap_err();
         assert!(e.contains("AGENTS_TOKEN"), "{e}");
         let no_cmd = IsolationSpec {
             command: vec![],
-            ..spec.clone()
+            ..tool()
         };
-        let e = r
-            .build_job(
-                &env,
-                &no_cmd,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::Annotation(text),
-            )
+        let e = build(&no_cmd, 1, second, in_annotation())
+            .await
             .unwrap_err();
         assert!(e.contains("command"), "{e}");
-        // Large envelopes come from a ConfigMap.
-        let job = r
-            .build_job(
-                &env,
-                &spec,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::ConfigMap("cm".into()),
-            )
+    }
+
+    #[tokio::test]
+    async fn large_envelopes_come_from_a_configmap() {
+        let second = Duration::from_secs(1);
+        let v = build(&tool(), 1, second, EnvelopeSource::ConfigMap("cm".into()))
+            .await
             .unwrap();
-        let v = serde_json::to_value(&job).unwrap();
         assert_eq!(
             v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"],
             "cm"

@@ -31,6 +31,8 @@
 //! the Job runner reads it, is [`wrapper_protocol`].
 
 pub mod container;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub(crate) mod harness;
 pub mod job;
 pub mod wrapper_protocol;
@@ -335,28 +337,18 @@ fn failed(started: Instant, message: impl Into<String>) -> ProcessOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
+    use fixtures::{secret_var, value_var};
     use std::collections::BTreeMap;
 
     fn envelope(args: &str) -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: args.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("s", args)
+    }
+
+    /// Runs `spec` for a call with no arguments.
+    async fn run(spec: &IsolationSpec, timeout: Option<Duration>) -> ProcessOutcome {
+        ProcessRunner::default()
+            .run(&envelope("{}"), spec, timeout)
+            .await
     }
 
     fn sh(script: &str) -> IsolationSpec {
@@ -387,14 +379,10 @@ mod tests {
         let good = format!(
             r#"echo '{{"version":"{ENVELOPE_VERSION}","token":"s-t1-c0","status":"success","result":{{"type":"text","content":"ok"}}}}'"#
         );
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&good), None)
-            .await;
+        let out = run(&sh(&good), None).await;
         assert_eq!(out.result, ToolResult::text("ok"));
         let wrong = good.replace("s-t1-c0", "other-t1-c0");
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&wrong), None)
-            .await;
+        let out = run(&sh(&wrong), None).await;
         assert!(
             matches!(&out.result, ToolResult::Error { message } if message.contains("token")),
             "{out:?}"
@@ -403,25 +391,15 @@ mod tests {
 
     #[tokio::test]
     async fn failures_carry_stderr_and_timeouts_kill_the_group() {
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh("echo boom >&2; exit 3"), None)
-            .await;
+        let out = run(&sh("echo boom >&2; exit 3"), None).await;
         assert_eq!(
             out.result,
             ToolResult::error("the tool ended with exit status 3: boom")
         );
-        let out = ProcessRunner::default()
-            .run(
-                &envelope("{}"),
-                &sh("sleep 30 & sleep 30"),
-                Some(Duration::from_millis(200)),
-            )
-            .await;
+        let out = run(&sh("sleep 30 & sleep 30"), Some(Duration::from_millis(200))).await;
         assert!(out.timed_out);
         assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &IsolationSpec::default(), None)
-            .await;
+        let out = run(&IsolationSpec::default(), None).await;
         assert!(out.result.is_error());
     }
 
@@ -471,22 +449,18 @@ mod tests {
         p
     }
 
+    /// `env` itself, no shell: the output is exactly the environment.
+    fn print_env() -> IsolationSpec {
+        IsolationSpec {
+            command: vec!["env".into()],
+            env: vec![value_var("GREETING", "hello there")],
+            ..Default::default()
+        }
+    }
+
     #[tokio::test]
     async fn the_tool_sees_only_the_fixed_set_and_what_its_definition_names() {
-        use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-        // `env` itself, no shell: the output is exactly the environment.
-        let spec = IsolationSpec {
-            command: vec!["env".into()],
-            env: vec![EnvVarSpec {
-                name: "GREETING".into(),
-                value: Some("hello there".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &spec, None)
-            .await;
+        let out = run(&print_env(), None).await;
         let ToolResult::Success { response } = &out.result else {
             panic!("{out:?}")
         };
@@ -511,19 +485,14 @@ mod tests {
         let home = Path::new(vars["HOME"]);
         assert!(home.starts_with(std::env::temp_dir()), "{home:?}");
         assert!(!home.exists(), "the scratch HOME is removed after the run");
+    }
 
+    #[tokio::test]
+    async fn secrets_come_by_reference_and_the_runners_variables_stay() {
         // A secret comes only by reference, from the worker's environment.
-        let secret = EnvVarSpec {
-            name: "TOKEN".into(),
-            secret: Some(SecretKeyRef {
-                name: "gh".into(),
-                key: "token".into(),
-            }),
-            ..Default::default()
-        };
         let with_secret = IsolationSpec {
-            env: vec![secret.clone()],
-            ..spec.clone()
+            env: vec![secret_var("TOKEN", "gh", "token")],
+            ..print_env()
         };
         let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
         let env = ProcessRunner::default()
@@ -536,16 +505,10 @@ mod tests {
         assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
         // The runner's own variables cannot be replaced.
         let clash = IsolationSpec {
-            env: vec![EnvVarSpec {
-                name: "AGENTS_TOKEN".into(),
-                value: Some("other".into()),
-                ..Default::default()
-            }],
-            ..spec.clone()
+            env: vec![value_var("AGENTS_TOKEN", "other")],
+            ..print_env()
         };
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &clash, None)
-            .await;
+        let out = run(&clash, None).await;
         assert!(
             matches!(&out.result, ToolResult::Error { message } if message.contains("AGENTS_TOKEN")),
             "{out:?}"
@@ -556,9 +519,7 @@ mod tests {
     async fn children_left_behind_die_when_the_tool_exits() {
         let pid_path = pid_file("leftover");
         let script = format!("sleep 30 & echo $! > {}; echo done", pid_path.display());
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&script), Some(Duration::from_secs(20)))
-            .await;
+        let out = run(&sh(&script), Some(Duration::from_secs(20))).await;
         // The background sleep holds stdout: without the group kill the
         // run would wait for it until the timeout.
         assert_eq!(out.result, ToolResult::text("done"), "{out:?}");
