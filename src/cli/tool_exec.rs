@@ -14,17 +14,23 @@
 //! on stdout with a pointer (hash, length) in the termination message.
 //! Exit 0 when it reported a result (an error result too); 64 when the
 //! wrapper itself failed (its reason is then the termination message).
+//!
+//! The child-process harness is the runners' own (`runner::harness`); the
+//! report is the protocol the Job runner reads (`runner::wrapper_protocol`).
 
-use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
+use crate::core::envelope::CallEnvelope;
 use crate::core::ToolResult;
-use crate::runner::job::{self, MAX_RESULT_BYTES, TERMINATION_LOG};
+use crate::runner::harness::{self, Ended, Exchange, Options, Sink};
+use crate::runner::runner_vars;
+use crate::runner::wrapper_protocol::{
+    failure_message, report, MAX_RESULT_BYTES, TERMINATION_LOG, WRAPPER_FAILED,
+};
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 #[derive(Args, Debug, Clone)]
 pub struct ToolExecArgs {
@@ -43,8 +49,6 @@ pub struct ToolExecArgs {
     pub command: Vec<String>,
 }
 
-/// The wrapper failed (not the tool): exit status 64 (EX_USAGE), as Argo's.
-const WRAPPER_FAILED: u8 = 64;
 /// The tool's stderr shown in the container log, at most.
 const STDERR_SHOWN_BYTES: usize = 1024 * 1024;
 /// The tail of stderr kept for an error result.
@@ -91,11 +95,7 @@ fn install(target: &Path) -> std::io::Result<()> {
 
 fn wrapper_failed(termination_log: &Path, message: &str) -> ExitCode {
     eprintln!("{message}");
-    let cut: String = message
-        .chars()
-        .take(job::TERMINATION_MESSAGE_LIMIT / 4)
-        .collect();
-    let _ = std::fs::write(termination_log, cut);
+    let _ = std::fs::write(termination_log, failure_message(message));
     ExitCode::from(WRAPPER_FAILED)
 }
 
@@ -124,7 +124,7 @@ async fn wrap(args: ToolExecArgs) -> ExitCode {
         }
     };
     let result = run_tool(&envelope, &args.command).await;
-    let (message, block) = job::report(&envelope.token, &result);
+    let (message, block) = report(&envelope.token, &result);
     if let Some(block) = block {
         let mut out = std::io::stdout().lock();
         if let Err(e) = out.write_all(block.as_bytes()).and_then(|_| out.flush()) {
@@ -159,25 +159,15 @@ const FORWARDED: &[(SignalKind, i32)] = &[
 
 /// Runs the tool and turns what it did into the call's result.
 pub async fn run_tool(envelope: &CallEnvelope, command: &[String]) -> ToolResult {
-    use std::os::unix::process::ExitStatusExt;
     let Some((program, rest)) = command.split_first() else {
         return ToolResult::error("agents tool-exec got no command to run");
     };
-    let mut streams = Vec::new();
-    for (kind, num) in FORWARDED {
-        match signal(*kind) {
-            Ok(s) => streams.push((s, *num)),
-            Err(e) => return ToolResult::error(format!("agents tool-exec: signal setup: {e}")),
-        }
-    }
+    let mut signals = match forwarded_signals() {
+        Ok(s) => s,
+        Err(e) => return ToolResult::error(format!("agents tool-exec: signal setup: {e}")),
+    };
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        // Its own group: signals and the final kill reach its children too.
-        .process_group(0);
+    cmd.args(rest);
     // The API server's address, which the kubelet puts in every container,
     // is of no use to a tool (it holds no credentials anyway).
     for (k, _) in std::env::vars_os() {
@@ -185,169 +175,133 @@ pub async fn run_tool(envelope: &CallEnvelope, command: &[String]) -> ToolResult
             cmd.env_remove(&k);
         }
     }
-    cmd.env("AGENTS_TOKEN", envelope.token.as_str())
-        .env("AGENTS_ENVELOPE_VERSION", ENVELOPE_VERSION);
+    cmd.envs(runner_vars(envelope));
     let ooms_before = oom_kills();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+    let tool = match harness::spawn(&mut cmd, Options::IN_POD) {
+        Ok(t) => t,
         Err(e) => {
             return ToolResult::error(format!("cannot start the tool's command {program:?}: {e}"))
         }
     };
-    let pgid = child.id().map(|p| p as i32);
-    let input = serde_json::to_vec(envelope).expect("envelopes serialise");
-    let mut stdin = child.stdin.take().expect("piped");
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let write = async {
-        // A tool may exit without reading its input; that is fine.
-        let _ = stdin.write_all(&input).await;
-        drop(stdin);
+    let exchange = Exchange {
+        envelope,
+        stdout_cap: MAX_RESULT_BYTES,
+        stderr: ShownTail::default(),
+        signals: &mut signals,
+        // The pod's deadline bounds the run.
+        timeout: None,
+        drain: Some(DRAIN),
     };
-    let read_out = async {
-        let mut buf = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
-        let mut overflow = false;
-        loop {
-            match stdout.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    // Keep draining past the cap so the tool never blocks.
-                    let room = MAX_RESULT_BYTES.saturating_sub(buf.len());
-                    overflow |= n > room;
-                    buf.extend_from_slice(&chunk[..n.min(room)]);
-                }
-            }
-        }
-        (buf, overflow)
-    };
-    let read_err = async {
-        let mut tail: Vec<u8> = Vec::new();
-        let mut shown = 0usize;
-        let mut last = b'\n';
-        let mut chunk = vec![0u8; 16 * 1024];
-        let mut err = std::io::stderr();
-        loop {
-            match stderr.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let data = &chunk[..n];
-                    if shown < STDERR_SHOWN_BYTES {
-                        let part = &data[..n.min(STDERR_SHOWN_BYTES - shown)];
-                        let _ = err.write_all(part);
-                        shown += part.len();
-                        if let Some(b) = part.last() {
-                            last = *b;
-                        }
-                        if shown == STDERR_SHOWN_BYTES {
-                            let _ = err.write_all(
-                                b"\n[agents tool-exec: the rest of the tool's stderr is not shown]\n",
-                            );
-                            last = b'\n';
-                        }
-                    }
-                    tail.extend_from_slice(data);
-                    if tail.len() > 2 * STDERR_TAIL_BYTES {
-                        tail.drain(..tail.len() - STDERR_TAIL_BYTES);
-                    }
-                }
-            }
-        }
-        // The result block on stdout must start on a line of its own.
-        if last != b'\n' {
-            let _ = err.write_all(b"\n");
-        }
-        let _ = err.flush();
-        String::from_utf8_lossy(&tail).into_owned()
-    };
-    let wait = async {
-        let mut forwarded: Option<i32> = None;
-        let status = loop {
-            let signals = futures::future::select_all(
-                streams
-                    .iter_mut()
-                    .map(|(s, num)| Box::pin(async move { s.recv().await.map(|_| *num) })),
-            );
-            tokio::select! {
-                status = child.wait() => break status,
-                (sig, _, _) = signals => {
-                    if let (Some(sig), Some(pgid)) = (sig, pgid) {
-                        forwarded = Some(sig);
-                        // SAFETY: kill(2) on the tool's own process group.
-                        unsafe { libc::kill(-pgid, sig); }
-                    }
-                }
-            }
-        };
-        // What the tool left behind ends with it, as it would with the
-        // container; it would also hold the output pipes open.
-        if let Some(pgid) = pgid {
-            // SAFETY: as above.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-        (status, forwarded)
-    };
-    let readers = async { tokio::join!(write, read_out, read_err) };
-    tokio::pin!(readers);
-    tokio::pin!(wait);
-    let mut drained = None;
-    let (status, forwarded) = loop {
-        tokio::select! {
-            r = &mut readers, if drained.is_none() => drained = Some(r),
-            w = &mut wait => break w,
-        }
-    };
-    let (_, (out, overflow), err) =
-        match drained {
-            Some(r) => r,
-            None => match tokio::time::timeout(DRAIN, readers).await {
-                Ok(r) => r,
-                Err(_) => return ToolResult::error(
-                    "the tool exited, but a process it started in a new session kept its output \
-                     open; its output is lost",
-                ),
-            },
-        };
-    let status = match status {
+    match tool.exchange(exchange).await {
+        Ok(ended) => judge(envelope, program, &ended, ooms_before),
+        Err(_) => ToolResult::error(
+            "the tool exited, but a process it started in a new session kept its output \
+             open; its output is lost",
+        ),
+    }
+}
+
+/// The streams of the signals passed on to the tool.
+fn forwarded_signals() -> std::io::Result<Vec<(Signal, i32)>> {
+    FORWARDED
+        .iter()
+        .map(|(kind, num)| Ok((signal(*kind)?, *num)))
+        .collect()
+}
+
+/// The call's result from how the tool ended.
+fn judge(
+    envelope: &CallEnvelope,
+    program: &str,
+    ended: &Ended<ShownTail>,
+    ooms_before: u64,
+) -> ToolResult {
+    use std::os::unix::process::ExitStatusExt;
+    let status = match &ended.status {
         Ok(s) => s,
         Err(e) => return ToolResult::error(format!("waiting for the tool {program:?}: {e}")),
     };
-    let tail = |s: &str| -> String {
-        let chars: Vec<char> = s.trim_end().chars().collect();
-        chars[chars.len().saturating_sub(2000)..].iter().collect()
-    };
-    let with_tail = |msg: String| {
-        let t = tail(&err);
-        if t.is_empty() {
-            ToolResult::error(msg)
-        } else {
-            ToolResult::error(format!("{msg}: {t}"))
-        }
-    };
+    let err = ended.stderr.text();
     if let Some(sig) = status.signal() {
-        if forwarded == Some(sig) {
-            return with_tail(format!(
+        let message = if ended.forwarded == Some(sig) {
+            format!(
                 "the tool was stopped by {}: its pod was terminated (its deadline passed or it was deleted)",
                 signal_name(sig)
-            ));
-        }
-        if sig == libc::SIGKILL && oom_kills() > ooms_before {
-            return with_tail(format!(
+            )
+        } else if sig == libc::SIGKILL && oom_kills() > ooms_before {
+            format!(
                 "the tool ran out of memory and was killed by the kernel (memory limit {})",
                 memory_limit()
-            ));
-        }
-        return with_tail(format!("the tool was killed by {}", signal_name(sig)));
+            )
+        } else {
+            format!("the tool was killed by {}", signal_name(sig))
+        };
+        return harness::with_stderr_tail(message, &err);
     }
-    if overflow {
+    if ended.stdout.overflow {
         return ToolResult::error(format!(
             "the tool printed more than {MAX_RESULT_BYTES} bytes on stdout; a result may hold at most that"
         ));
     }
-    let stdout = String::from_utf8_lossy(&out);
-    crate::runner::interpret(envelope, status.success(), status.code(), &stdout, &err)
+    let stdout = ended.stdout.text();
+    harness::interpret(envelope, status.success(), status.code(), &stdout, &err)
+}
+
+/// The tool's stderr: shown in the container log (up to
+/// [`STDERR_SHOWN_BYTES`]), its tail kept for an error result.
+struct ShownTail {
+    tail: Vec<u8>,
+    shown: usize,
+    last: u8,
+}
+
+impl Default for ShownTail {
+    fn default() -> Self {
+        ShownTail {
+            tail: Vec::new(),
+            shown: 0,
+            last: b'\n',
+        }
+    }
+}
+
+impl ShownTail {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.tail).into_owned()
+    }
+}
+
+impl Sink for ShownTail {
+    fn push(&mut self, data: &[u8]) {
+        let mut err = std::io::stderr();
+        if self.shown < STDERR_SHOWN_BYTES {
+            let part = &data[..data.len().min(STDERR_SHOWN_BYTES - self.shown)];
+            let _ = err.write_all(part);
+            self.shown += part.len();
+            if let Some(b) = part.last() {
+                self.last = *b;
+            }
+            if self.shown == STDERR_SHOWN_BYTES {
+                let _ = err.write_all(
+                    b"\n[agents tool-exec: the rest of the tool's stderr is not shown]\n",
+                );
+                self.last = b'\n';
+            }
+        }
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > 2 * STDERR_TAIL_BYTES {
+            self.tail.drain(..self.tail.len() - STDERR_TAIL_BYTES);
+        }
+    }
+
+    fn finish(&mut self) {
+        // The result block on stdout must start on a line of its own.
+        let mut err = std::io::stderr();
+        if self.last != b'\n' {
+            let _ = err.write_all(b"\n");
+        }
+        let _ = err.flush();
+    }
 }
 
 fn signal_name(sig: i32) -> String {
@@ -410,28 +364,10 @@ const DRAIN: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
-    use std::collections::BTreeMap;
+    use crate::runner::fixtures;
 
     fn envelope() -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: r#"{"x":"$(touch /tmp/pwned) 'q' \"dq\""}"#.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("s", r#"{"x":"$(touch /tmp/pwned) 'q' \"dq\""}"#)
     }
 
     fn sh(script: &str) -> Vec<String> {

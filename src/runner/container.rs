@@ -2,7 +2,7 @@
 //! in a local container engine (podman or docker), the standalone twin of
 //! the Job runner. Same contract as every runner: the call envelope on
 //! stdin, the result envelope or plain text on stdout (read by
-//! [`super::interpret`]), the token in `AGENTS_TOKEN`.
+//! `harness::interpret`), the token in `AGENTS_TOKEN`.
 //!
 //! Hardened by default, like the Job's pod: no network, a read-only root
 //! (a small tmpfs at `/tmp`), all capabilities dropped, no new privileges,
@@ -20,13 +20,13 @@
 //! A tool with an image never falls back to the host: without an engine the
 //! call gets an error saying how to fix it.
 
-use super::{die_with_this_thread, failed, interpret, read_capped, ProcessOutcome, RESERVED};
-use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
+use super::harness::{self, interpret, Options};
+use super::{exchange, failed, with_tool_vars, ProcessOutcome};
+use crate::core::envelope::CallEnvelope;
 use crate::core::{IsolationSpec, ToolResult};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 /// Chooses the engine: `podman`, `docker`, `none`, or a path to either's
@@ -88,17 +88,7 @@ impl ContainerRunner {
         let started = Instant::now();
         let engine = match self.resolve() {
             Ok(e) => e,
-            Err(why) => {
-                return failed(
-                    started,
-                    format!(
-                        "the tool {:?} has an image ({}) and runs only in a container: {why}. \
-                         Install podman or docker, or make the tool a plain host command: \
-                         remove `image` from its `container`",
-                        envelope.tool_call.name, spec.image
-                    ),
-                )
-            }
+            Err(why) => return failed(started, no_engine(envelope, spec, &why)),
         };
         let name = container_name(envelope.token.as_str(), attempt);
         let (argv, env) = match run_command(&name, envelope, spec, &|k| std::env::var(k).ok()) {
@@ -109,16 +99,11 @@ impl ContainerRunner {
         // runs no more once this attempt starts (see the module docs).
         remove(&engine, &name).await;
         let mut cmd = Command::new(&engine.program);
-        cmd.args(&argv)
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0);
-        die_with_this_thread(&mut cmd);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        cmd.args(&argv).envs(env);
+        // The container is not in the client's process group: the guard
+        // below removes it instead.
+        let tool = match harness::spawn(&mut cmd, Options::ENGINE_CLIENT) {
+            Ok(t) => t,
             Err(e) => {
                 return failed(
                     started,
@@ -127,84 +112,71 @@ impl ContainerRunner {
             }
         };
         // Removes the container however this function is left.
-        let mut guard = Remover(Some((engine.clone(), name.clone())));
-        let input = serde_json::to_vec(envelope).expect("envelopes serialise");
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let io = async {
-            let write = async {
-                let _ = stdin.write_all(&input).await;
-                drop(stdin);
-            };
-            let (_, out, err, status) = tokio::join!(
-                write,
-                read_capped(&mut stdout),
-                read_capped(&mut stderr),
-                child.wait()
-            );
-            (out, err, status)
-        };
-        let outcome = match tokio::time::timeout(timeout, io).await {
-            Ok((stdout, stderr, status)) => {
-                let exit_code = status.as_ref().ok().and_then(|s| s.code());
-                let result = match status {
-                    Err(e) => ToolResult::error(format!("waiting for the container engine: {e}")),
-                    // 125: the engine itself failed (no such image, bad flag).
-                    Ok(s) if exit_code == Some(125) => {
-                        let lower = stderr.to_lowercase();
-                        let hint = if ["image", "pull", "manifest"]
-                            .iter()
-                            .any(|w| lower.contains(w))
-                        {
-                            format!(
-                                ". Images are never pulled unless {PULL_ENV} says so: load or \
-                                 build the image locally (e.g. `podman load -i IMAGE.tar`)"
-                            )
-                        } else {
-                            String::new()
-                        };
-                        ToolResult::error(format!(
-                            "the container engine could not run the tool's container ({s}): {}{hint}",
-                            stderr.trim()
-                        ))
-                    }
-                    Ok(s) => interpret(envelope, s.success(), exit_code, &stdout, &stderr),
-                };
-                ProcessOutcome {
-                    result,
-                    exit_code,
-                    stdout,
-                    stderr,
-                    timed_out: false,
-                    elapsed: started.elapsed(),
-                }
-            }
-            Err(_) => {
-                let _ = child.start_kill();
-                if let Some((engine, name)) = guard.0.take() {
-                    remove(&engine, &name).await;
-                }
-                ProcessOutcome {
-                    result: ToolResult::error(format!(
-                        "timed out after {}s; the container was removed",
-                        timeout.as_secs_f64()
-                    )),
-                    exit_code: None,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    timed_out: true,
-                    elapsed: started.elapsed(),
-                }
-            }
-        };
-        // `--rm` removed it on a normal exit; the guard makes sure.
-        if let Some((engine, name)) = guard.0.take() {
-            if outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
-                remove(&engine, &name).await;
-            }
+        let mut guard = Remover(Some((engine, name)));
+        let ended = tool.exchange(exchange(envelope, timeout)).await;
+        if ended.is_err() {
+            // Timed out: the container goes before the outcome is told.
+            guard.remove_now().await;
         }
+        let outcome = ProcessOutcome::of(
+            started,
+            ended,
+            || {
+                format!(
+                    "timed out after {}s; the container was removed",
+                    timeout.as_secs_f64()
+                )
+            },
+            |status, stdout, stderr| engine_result(envelope, status, stdout, stderr),
+        );
+        // `--rm` removed it on a normal exit; the guard makes sure.
+        if outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
+            guard.remove_now().await;
+        }
+        guard.disarm();
         outcome
+    }
+}
+
+/// The error of a tool with an image when no engine can run it.
+fn no_engine(envelope: &CallEnvelope, spec: &IsolationSpec, why: &str) -> String {
+    format!(
+        "the tool {:?} has an image ({}) and runs only in a container: {why}. \
+         Install podman or docker, or make the tool a plain host command: \
+         remove `image` from its `container`",
+        envelope.tool_call.name, spec.image
+    )
+}
+
+/// The call's result from how the engine's client ended.
+fn engine_result(
+    envelope: &CallEnvelope,
+    status: &std::io::Result<ExitStatus>,
+    stdout: &str,
+    stderr: &str,
+) -> ToolResult {
+    match status {
+        Err(e) => ToolResult::error(format!("waiting for the container engine: {e}")),
+        // 125: the engine itself failed (no such image, bad flag).
+        Ok(s) if s.code() == Some(125) => {
+            let lower = stderr.to_lowercase();
+            let hint = if ["image", "pull", "manifest"]
+                .iter()
+                .any(|w| lower.contains(w))
+            {
+                format!(
+                    ". Images are never pulled unless {PULL_ENV} says so: load or \
+                     build the image locally (e.g. `podman load -i IMAGE.tar`)"
+                )
+            } else {
+                String::new()
+            };
+            ToolResult::error(format!(
+                "the container engine could not run the tool's container ({s}): {}{hint}",
+                stderr.trim()
+            ))
+        }
+        Ok(s) => interpret(envelope, s.success(), s.code(), stdout, stderr),
     }
 }
 
@@ -292,6 +264,29 @@ pub fn container_name(token: &str, attempt: u32) -> String {
 /// environment (whose values `--env NAME` hands to the container).
 pub type EngineCommand = (Vec<String>, Vec<(String, String)>);
 
+/// The hardening flags of every tool container (see the module docs).
+const HARDENING: &[&str] = &[
+    "--network",
+    "none",
+    "--read-only",
+    "--tmpfs",
+    "/tmp:rw,nosuid,nodev,size=64m",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--user",
+    TOOL_USER,
+    "--pids-limit",
+    "256",
+    // Root may lack CAP_SYS_RESOURCE, and the engines' defaults can
+    // exceed the machine's limits: runc then fails to set them.
+    "--ulimit",
+    "nofile=1024:4096",
+    "--ulimit",
+    "nproc=1024:2048",
+];
+
 /// The engine's arguments (global ones, `run`, hardening, limits, env
 /// names, image, command) and the values of the variables the container
 /// gets; `lookup` reads the worker's environment (secrets, settings).
@@ -309,91 +304,16 @@ pub fn run_command(
             .map(|v| v.split_whitespace().map(String::from).collect())
             .unwrap_or_default()
     };
-    let memory = spec
-        .limits
-        .get("memory")
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_MEMORY);
-    let cpu = spec
-        .limits
-        .get("cpu")
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_CPU);
-    let pull = match lookup(PULL_ENV).as_deref().map(str::trim) {
-        None | Some("") | Some("never") => "never",
-        Some("missing") => "missing",
-        Some("always") => "always",
-        Some(other) => {
-            return Err(format!(
-                "{PULL_ENV}={other:?} is not one of never, missing, always"
-            ))
-        }
-    };
     let mut argv = words(ENGINE_ARGS_ENV);
-    argv.extend(
-        [
-            "run",
-            "--rm",
-            "-i",
-            "--name",
-            name,
-            "--network",
-            "none",
-            "--read-only",
-            "--tmpfs",
-            "/tmp:rw,nosuid,nodev,size=64m",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--user",
-            TOOL_USER,
-            "--pids-limit",
-            "256",
-            // Root may lack CAP_SYS_RESOURCE, and the engines' defaults can
-            // exceed the machine's limits: runc then fails to set them.
-            "--ulimit",
-            "nofile=1024:4096",
-            "--ulimit",
-            "nproc=1024:2048",
-        ]
-        .map(String::from),
-    );
-    argv.push("--memory".into());
-    argv.push(memory_flag(memory)?);
-    argv.push("--cpus".into());
-    argv.push(cpus_flag(cpu)?);
-    argv.push(format!("--pull={pull}"));
-    let mut client_env = Vec::new();
-    let mut tool_env: Vec<(String, String)> = vec![
+    argv.extend(["run", "--rm", "-i", "--name", name].map(String::from));
+    argv.extend(HARDENING.iter().map(|f| f.to_string()));
+    argv.extend(limit_flags(spec, lookup)?);
+    let base = vec![
         ("HOME".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
     ];
-    for var in &spec.env {
-        let n = &var.name;
-        if n.is_empty() || n.contains(['=', '\0']) || n.chars().any(char::is_whitespace) {
-            return Err(format!("the tool's env has an invalid variable name {n:?}"));
-        }
-        if RESERVED.contains(&n.as_str()) {
-            return Err(format!(
-                "the tool's env sets {n}, which the runner sets itself; remove it"
-            ));
-        }
-        let value = var
-            .resolve(lookup)
-            .map_err(|e| format!("the tool's env: {e}"))?;
-        if value.contains('\0') {
-            return Err(format!("the tool's env: the value of {n} holds a NUL byte"));
-        }
-        tool_env.retain(|(k, _)| k != n);
-        tool_env.push((n.clone(), value));
-    }
-    tool_env.push(("AGENTS_TOKEN".into(), envelope.token.as_str().to_string()));
-    tool_env.push((
-        "AGENTS_ENVELOPE_VERSION".into(),
-        ENVELOPE_VERSION.to_string(),
-    ));
-    for (k, v) in tool_env {
+    let mut client_env = Vec::new();
+    for (k, v) in with_tool_vars(base, envelope, spec, lookup, true)? {
         argv.push("--env".into());
         argv.push(k.clone());
         client_env.push((k, v));
@@ -408,6 +328,39 @@ pub fn run_command(
     // The client itself inherits the worker's environment (it may need
     // XDG_RUNTIME_DIR, DOCKER_HOST, ...); the container gets none of it.
     Ok((argv, client_env))
+}
+
+/// `--memory`, `--cpus` (the definition's limits, else the defaults) and
+/// `--pull` (from [`PULL_ENV`]).
+fn limit_flags(
+    spec: &IsolationSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<[String; 5], String> {
+    let limit = |key: &str, default: &'static str| {
+        spec.limits
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or(default)
+            .to_string()
+    };
+    let (memory, cpu) = (limit("memory", DEFAULT_MEMORY), limit("cpu", DEFAULT_CPU));
+    let pull = match lookup(PULL_ENV).as_deref().map(str::trim) {
+        None | Some("") | Some("never") => "never",
+        Some("missing") => "missing",
+        Some("always") => "always",
+        Some(other) => {
+            return Err(format!(
+                "{PULL_ENV}={other:?} is not one of never, missing, always"
+            ))
+        }
+    };
+    Ok([
+        "--memory".into(),
+        memory_flag(&memory)?,
+        "--cpus".into(),
+        cpus_flag(&cpu)?,
+        format!("--pull={pull}"),
+    ])
 }
 
 /// A Kubernetes memory quantity (`128Mi`, `1Gi`, `500M`, `1048576`) as bytes.
@@ -451,17 +404,22 @@ pub fn cpus_flag(q: &str) -> Result<String, String> {
 
 /// `kill` then `rm -f`: a shell as the container's pid 1 ignores the
 /// SIGTERM `rm -f` starts with, which would cost the engine's grace period.
-async fn remove(engine: &Engine, name: &str) {
+fn removal(engine: &Engine, name: &str) -> [std::process::Command; 2] {
     let extra = global_args();
-    for verb in [&["kill", name][..], &["rm", "-f", name][..]] {
-        let _ = Command::new(&engine.program)
-            .args(&extra)
+    [&["kill", name][..], &["rm", "-f", name][..]].map(|verb| {
+        let mut cmd = std::process::Command::new(&engine.program);
+        cmd.args(&extra)
             .args(verb)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
+            .stderr(Stdio::null());
+        cmd
+    })
+}
+
+async fn remove(engine: &Engine, name: &str) {
+    for cmd in removal(engine, name) {
+        let _ = Command::from(cmd).status().await;
     }
 }
 
@@ -475,22 +433,27 @@ fn global_args() -> Vec<String> {
 /// future dropped mid-run): from a thread, since `Drop` cannot await.
 struct Remover(Option<(Engine, String)>);
 
+impl Remover {
+    /// Removes the container now, once.
+    async fn remove_now(&mut self) {
+        if let Some((engine, name)) = self.0.take() {
+            remove(&engine, &name).await;
+        }
+    }
+
+    /// The container is gone by itself (`--rm`).
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
 impl Drop for Remover {
     fn drop(&mut self) {
         if let Some((engine, name)) = self.0.take() {
-            let extra = global_args();
+            let steps = removal(&engine, &name);
             std::thread::spawn(move || {
-                for verb in [
-                    &["kill", name.as_str()][..],
-                    &["rm", "-f", name.as_str()][..],
-                ] {
-                    let _ = std::process::Command::new(&engine.program)
-                        .args(&extra)
-                        .args(verb)
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status();
+                for mut cmd in steps {
+                    let _ = cmd.status();
                 }
             });
         }
@@ -500,56 +463,19 @@ impl Drop for Remover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
-    use std::collections::BTreeMap;
-
-    fn envelope() -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "t".into(),
-                arguments: "{}".into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
-    }
+    use crate::runner::fixtures::{envelope, image_tool};
 
     #[test]
     fn the_command_is_hardened_and_secrets_stay_off_the_command_line() {
-        let spec = IsolationSpec {
-            image: "agents.local/busybox:ci".into(),
-            command: vec!["sh".into(), "-c".into(), "cat".into()],
-            args: vec!["x".into()],
-            limits: [("memory".to_string(), "64Mi".to_string())].into(),
-            env: vec![
-                EnvVarSpec {
-                    name: "GREETING".into(),
-                    value: Some("hi".into()),
-                    ..Default::default()
-                },
-                EnvVarSpec {
-                    name: "TOKEN".into(),
-                    secret: Some(SecretKeyRef {
-                        name: "gh".into(),
-                        key: "token".into(),
-                    }),
-                    ..Default::default()
-                },
-            ],
-        };
+        let spec = image_tool(
+            "agents.local/busybox:ci",
+            &["sh", "-c", "cat"],
+            &["x"],
+            ("GREETING", "hi"),
+        );
         let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
-        let (argv, env) = run_command("agents-s-t1-c0-a1", &envelope(), &spec, &lookup).unwrap();
+        let (argv, env) =
+            run_command("agents-s-t1-c0-a1", &envelope("s", "{}"), &spec, &lookup).unwrap();
         let line = argv.join(" ");
         for flag in [
             "run --rm -i --name agents-s-t1-c0-a1",
@@ -571,7 +497,7 @@ mod tests {
         assert!(!line.contains("s3cret") && !line.contains("hi "), "{line}");
         assert!(env.contains(&("TOKEN".into(), "s3cret".into())));
         assert!(env.contains(&("AGENTS_TOKEN".into(), "s-t1-c0".into())));
-        let missing = run_command("n", &envelope(), &spec, &|_| None).unwrap_err();
+        let missing = run_command("n", &envelope("s", "{}"), &spec, &|_| None).unwrap_err();
         assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
     }
 

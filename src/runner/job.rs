@@ -14,9 +14,10 @@
 //!   [`ANNOTATION_ENVELOPE_LIMIT`], an owned immutable ConfigMap. The
 //!   model's arguments never appear in the command, args or env.
 //! - The wrapper (`agents tool-exec`) reports the result envelope in the
-//!   termination message when it fits ([`TERMINATION_MESSAGE_LIMIT`]),
-//!   otherwise as a framed block in the container log ([`frame`]) while the
-//!   termination message holds a [`ResultInLog`] pointer with its SHA-256.
+//!   termination message when it fits, otherwise as a framed block in the
+//!   container log while the termination message holds a [`ResultInLog`]
+//!   pointer with its SHA-256: the protocol in [`super::wrapper_protocol`],
+//!   beside this runner, which reads it.
 //! - Hardened: no service-account token, a service account with no
 //!   permissions, non-root, read-only root (a small `emptyDir` at `/tmp`),
 //!   no privilege escalation, all capabilities dropped, `RuntimeDefault`
@@ -45,8 +46,10 @@
 //! give `InFlight`: nothing was decided, call again later. Errors that will
 //! not pass (forbidden, invalid) give an error result naming the fix.
 
+use super::check_var_name;
+use super::wrapper_protocol::{result_from_log, sha256_hex, ResultInLog, TERMINATION_LOG};
 use crate::api::Continuation;
-use crate::core::envelope::{CallEnvelope, ResultEnvelope};
+use crate::core::envelope::CallEnvelope;
 use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
 use crate::ports::{RunKind, RunStatus, RunnerPort};
 use futures::future::BoxFuture;
@@ -54,11 +57,12 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The reading side of the wrapper's protocol, which this runner uses.
+pub use super::wrapper_protocol::{read_message, unframe, Message};
 
 /// Label on Jobs and their pods: the token of the call (the Continuation's name).
 pub const LABEL_CONTINUATION: &str = "agents-exe.io/continuation";
@@ -91,164 +95,12 @@ pub const WRAPPER_PATH: &str = "/agents-bin/agents";
 pub const INPUT_DIR: &str = "/agents-input";
 pub const ENVELOPE_FILE: &str = "envelope.json";
 pub const ENVELOPE_PATH: &str = "/agents-input/envelope.json";
-pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
-/// The kubelet keeps at most this much of a termination message.
-pub const TERMINATION_MESSAGE_LIMIT: usize = 4096;
 /// Envelopes up to this size travel in a pod annotation (all annotations of
 /// an object share 256 KiB); larger ones in an owned, immutable ConfigMap.
 pub const ANNOTATION_ENVELOPE_LIMIT: usize = 200 * 1024;
 /// A ConfigMap holds at most 1 MiB; envelopes beyond this are refused.
 pub const CONFIGMAP_ENVELOPE_LIMIT: usize = 1000 * 1024;
-/// The most a tool may print as its result. The kubelet rotates container
-/// logs at 10 MiB by default, and the log is where large results travel.
-pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
-
-/// What the termination message says when the result is in the log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ResultInLog {
-    pub result_in_log: bool,
-    /// Lowercase hex SHA-256 of the result envelope's JSON.
-    pub sha256: String,
-    pub bytes: usize,
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    crate::core::ids::hex(&Sha256::digest(bytes))
-}
-
-fn frame_begin(token: &ContinuationToken, sha: &str, bytes: usize) -> String {
-    format!("----- agents result {token} sha256={sha} bytes={bytes} -----")
-}
-
-fn frame_end(token: &ContinuationToken) -> String {
-    format!("----- end agents result {token} -----")
-}
-
-/// Longest line of a framed block: well under the 16 KiB at which the
-/// runtime splits log lines.
-const FRAME_LINE_BYTES: usize = 4096;
-
-/// The block the wrapper prints when the result is too large for the
-/// termination message: a begin line (token, hash, length), the JSON in
-/// lines of at most 4 KiB (cut at character boundaries; JSON from serde has
-/// no raw newlines), an end line. It starts with a newline so it never
-/// continues a line the tool left open.
-pub fn frame(token: &ContinuationToken, json: &str) -> String {
-    let mut out = String::with_capacity(json.len() + json.len() / FRAME_LINE_BYTES + 200);
-    out.push('\n');
-    out.push_str(&frame_begin(
-        token,
-        &sha256_hex(json.as_bytes()),
-        json.len(),
-    ));
-    out.push('\n');
-    let mut rest = json;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(FRAME_LINE_BYTES);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.push_str(&rest[..cut]);
-        out.push('\n');
-        rest = &rest[cut..];
-    }
-    out.push_str(&frame_end(token));
-    out.push('\n');
-    out
-}
-
-/// The JSON of the last complete block for `token` announced with `sha`
-/// and `bytes`, checked against both.
-pub fn unframe(
-    log: &str,
-    token: &ContinuationToken,
-    sha: &str,
-    bytes: usize,
-) -> Result<String, String> {
-    let begin = frame_begin(token, sha, bytes);
-    let end = frame_end(token);
-    let mut found: Option<String> = None;
-    let mut current: Option<String> = None;
-    for line in log.lines() {
-        if line == begin {
-            current = Some(String::with_capacity(bytes));
-        } else if line == end {
-            if let Some(block) = current.take() {
-                found = Some(block);
-            }
-        } else if let Some(block) = current.as_mut() {
-            block.push_str(line);
-        }
-    }
-    let Some(json) = found else {
-        return Err(format!(
-            "the result block for {token} (sha256 {sha}) is not in the tool's log; \
-             the log may have been rotated or the pod removed"
-        ));
-    };
-    let got = sha256_hex(json.as_bytes());
-    if json.len() != bytes || got != sha {
-        return Err(format!(
-            "the result block in the tool's log is damaged: {} bytes with sha256 {got}, \
-             announced {bytes} bytes with sha256 {sha}",
-            json.len()
-        ));
-    }
-    Ok(json)
-}
-
-/// What the wrapper reports for `result`: the termination message, and the
-/// block to print on stdout when the result does not fit in it.
-pub fn report(token: &ContinuationToken, result: &ToolResult) -> (String, Option<String>) {
-    let json = serde_json::to_string(&ResultEnvelope::from_result(token.clone(), result))
-        .expect("result envelopes serialise");
-    if json.len() <= TERMINATION_MESSAGE_LIMIT {
-        return (json, None);
-    }
-    let pointer = ResultInLog {
-        result_in_log: true,
-        sha256: sha256_hex(json.as_bytes()),
-        bytes: json.len(),
-    };
-    let block = frame(token, &json);
-    (
-        serde_json::to_string(&pointer).expect("serialises"),
-        Some(block),
-    )
-}
-
-/// How a termination message reads.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Message {
-    /// The result itself (or an error result if the envelope is bad).
-    Result(ToolResult),
-    /// The result is in the log.
-    InLog(ResultInLog),
-    /// Not from a wrapper that reported: its own failure text, or nothing.
-    Other(String),
-}
-
-pub fn read_message(message: &str, token: &ContinuationToken) -> Message {
-    let text = message.trim();
-    if text.starts_with('{') {
-        if let Ok(pointer) = serde_json::from_str::<ResultInLog>(text) {
-            if pointer.result_in_log {
-                return Message::InLog(pointer);
-            }
-        }
-        let looks_like_envelope = serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some());
-        if looks_like_envelope {
-            return Message::Result(ResultEnvelope::parse_for(text, token).unwrap_or_else(|e| {
-                ToolResult::error(format!("the tool's result envelope: {e}"))
-            }));
-        }
-    }
-    Message::Other(text.to_string())
-}
-
 /// A Job name for the attempt: a DNS label (the Job controller puts it in
 /// a pod label, so at most 63 characters), stable for (token, attempt) and
 /// distinct across them.
@@ -398,10 +250,6 @@ impl Owner {
     }
 }
 
-/// Variables the wrapper sets itself (from the envelope); a tool cannot
-/// replace them.
-const RESERVED_ENV: &[&str] = &["AGENTS_TOKEN", "AGENTS_ENVELOPE_VERSION"];
-
 #[derive(Clone)]
 pub struct JobRunner {
     client: Client,
@@ -506,60 +354,7 @@ impl JobRunner {
                     .into(),
             );
         }
-        let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
-        for var in &spec.env {
-            let name = var.name.as_str();
-            if name.is_empty() || name.contains(['=', '\0']) {
-                return Err(format!(
-                    "the tool's env has an invalid variable name {name:?}"
-                ));
-            }
-            if RESERVED_ENV.contains(&name) {
-                return Err(format!(
-                    "the tool's env sets {name}, which the runner sets itself; remove it"
-                ));
-            }
-            let entry = match (&var.value, &var.secret) {
-                (Some(v), None) => json!({"name": name, "value": v}),
-                (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
-                    "name": r.name, "key": r.key, "optional": false,
-                }}}),
-                _ => {
-                    return Err(format!(
-                        "the tool's env: {name:?} needs exactly one of value and secret"
-                    ))
-                }
-            };
-            env.retain(|e| e["name"] != name);
-            env.push(entry);
-        }
-        let mut limits = self.defaults.limits.clone();
-        let mut requests = self.defaults.requests.clone();
-        for (k, v) in &spec.limits {
-            limits.insert(k.clone(), v.clone());
-            // Without parsing quantities, the only request surely within
-            // the limit is the limit itself.
-            requests.insert(k.clone(), v.clone());
-        }
         let deadline = timeout.as_secs_f64().ceil().max(1.0) as i64;
-        let uid = self.defaults.run_as_user;
-        let container_security = json!({
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "runAsUser": uid,
-            "runAsGroup": uid,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        });
-        let mut command = vec![
-            WRAPPER_PATH.to_string(),
-            "tool-exec".into(),
-            "--envelope".into(),
-            ENVELOPE_PATH.into(),
-            "--".into(),
-        ];
-        command.extend(spec.command.iter().cloned());
         let labels = json!({
             LABEL_CONTINUATION: token_label(token),
             LABEL_ATTEMPT: attempt.to_string(),
@@ -567,21 +362,7 @@ impl JobRunner {
             "app.kubernetes.io/managed-by": "agents",
         });
         let session = envelope.context.session.0.as_str();
-        let (pod_annotations, input_volume) = match source {
-            EnvelopeSource::Annotation(text) => (
-                json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
-                json!({"name": "agents-input", "downwardAPI": {"items": [{
-                    "path": ENVELOPE_FILE,
-                    "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
-                }]}}),
-            ),
-            EnvelopeSource::ConfigMap(name) => (
-                json!({ ANNOTATION_SESSION: session }),
-                json!({"name": "agents-input", "configMap": {"name": name, "items": [{
-                    "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
-                }]}}),
-            ),
-        };
+        let (pod_annotations, input_volume) = envelope_input(source, session);
         let job = json!({
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -598,58 +379,105 @@ impl JobRunner {
                 "ttlSecondsAfterFinished": self.defaults.ttl_seconds_after_finished,
                 "template": {
                     "metadata": {"labels": labels, "annotations": pod_annotations},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "serviceAccountName": self.defaults.service_account,
-                        "automountServiceAccountToken": false,
-                        "enableServiceLinks": false,
-                        "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
-                        "securityContext": {
-                            "runAsNonRoot": true,
-                            "runAsUser": uid,
-                            "runAsGroup": uid,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "initContainers": [{
-                            "name": INSTALL_CONTAINER,
-                            "image": self.agents_image,
-                            "imagePullPolicy": self.defaults.agents_image_pull_policy,
-                            "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
-                            "securityContext": container_security,
-                            "resources": {
-                                "requests": {"cpu": "50m", "memory": "32Mi"},
-                                "limits": {"cpu": "500m", "memory": "128Mi"},
-                            },
-                            "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
-                            "terminationMessagePolicy": "File",
-                        }],
-                        "containers": [{
-                            "name": TOOL_CONTAINER,
-                            "image": spec.image,
-                            "imagePullPolicy": self.defaults.tool_image_pull_policy,
-                            "command": command,
-                            "args": spec.args,
-                            "env": env,
-                            "resources": {"limits": limits, "requests": requests},
-                            "securityContext": container_security,
-                            "volumeMounts": [
-                                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
-                                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                            "terminationMessagePath": TERMINATION_LOG,
-                            "terminationMessagePolicy": "File",
-                        }],
-                        "volumes": [
-                            {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
-                            input_volume,
-                            {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
-                        ],
-                    },
+                    "spec": self.pod_spec(spec, input_volume)?,
                 },
             },
         });
         serde_json::from_value(job).map_err(|e| format!("building the tool's Job: {e}"))
+    }
+
+    /// The tool pod's spec: the wrapper's init container, the tool's
+    /// container, their volumes.
+    fn pod_spec(
+        &self,
+        spec: &IsolationSpec,
+        input_volume: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let uid = self.defaults.run_as_user;
+        let container_security = json!({
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        });
+        Ok(json!({
+            "restartPolicy": "Never",
+            "serviceAccountName": self.defaults.service_account,
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": uid,
+                "runAsGroup": uid,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "initContainers": [{
+                "name": INSTALL_CONTAINER,
+                "image": self.agents_image,
+                "imagePullPolicy": self.defaults.agents_image_pull_policy,
+                "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
+                "securityContext": container_security,
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "32Mi"},
+                    "limits": {"cpu": "500m", "memory": "128Mi"},
+                },
+                "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
+                "terminationMessagePolicy": "File",
+            }],
+            "containers": [self.tool_container(spec, container_security)?],
+            "volumes": [
+                {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
+                input_volume,
+                {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
+            ],
+        }))
+    }
+
+    /// The tool's container: its image, its command wrapped by the
+    /// wrapper, the env its definition names, its limits.
+    fn tool_container(
+        &self,
+        spec: &IsolationSpec,
+        security: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let env = job_env(spec)?;
+        let mut limits = self.defaults.limits.clone();
+        let mut requests = self.defaults.requests.clone();
+        for (k, v) in &spec.limits {
+            limits.insert(k.clone(), v.clone());
+            // Without parsing quantities, the only request surely within
+            // the limit is the limit itself.
+            requests.insert(k.clone(), v.clone());
+        }
+        let mut command = vec![
+            WRAPPER_PATH.to_string(),
+            "tool-exec".into(),
+            "--envelope".into(),
+            ENVELOPE_PATH.into(),
+            "--".into(),
+        ];
+        command.extend(spec.command.iter().cloned());
+        Ok(json!({
+            "name": TOOL_CONTAINER,
+            "image": spec.image,
+            "imagePullPolicy": self.defaults.tool_image_pull_policy,
+            "command": command,
+            "args": spec.args,
+            "env": env,
+            "resources": {"limits": limits, "requests": requests},
+            "securityContext": security,
+            "volumeMounts": [
+                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
+                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
+                {"name": "tmp", "mountPath": "/tmp"},
+            ],
+            "terminationMessagePath": TERMINATION_LOG,
+            "terminationMessagePolicy": "File",
+        }))
     }
 
     /// The owning Continuation, or the status to report without it.
@@ -817,14 +645,7 @@ impl JobRunner {
                     ..Default::default()
                 };
                 match api.logs(&pod, &params).await {
-                    Ok(log) => RunStatus::Finished(
-                        unframe(&log, token, &pointer.sha256, pointer.bytes)
-                            .and_then(|json| {
-                                ResultEnvelope::parse_for(&json, token)
-                                    .map_err(|e| format!("the tool's result envelope: {e}"))
-                            })
-                            .unwrap_or_else(ToolResult::error),
-                    ),
+                    Ok(log) => RunStatus::Finished(result_from_log(&log, token, &pointer)),
                     Err(kube::Error::Api(s)) if s.code == 404 => {
                         RunStatus::Finished(ToolResult::error(format!(
                             "the tool's result was in the log of pod {pod}, which is gone: {}",
@@ -873,6 +694,52 @@ impl JobRunner {
             Err(e) => api_failure(&format!("recording the failure on Job {name}"), e),
         }
     }
+}
+
+/// The pod's annotations and the volume the envelope file comes from.
+fn envelope_input(
+    source: &EnvelopeSource,
+    session: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    match source {
+        EnvelopeSource::Annotation(text) => (
+            json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
+            json!({"name": "agents-input", "downwardAPI": {"items": [{
+                "path": ENVELOPE_FILE,
+                "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
+            }]}}),
+        ),
+        EnvelopeSource::ConfigMap(name) => (
+            json!({ ANNOTATION_SESSION: session }),
+            json!({"name": "agents-input", "configMap": {"name": name, "items": [{
+                "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
+            }]}}),
+        ),
+    }
+}
+
+/// The tool container's env: `HOME`, then the variables the definition
+/// names, secrets as `secretKeyRef` (the wrapper adds the runner's own).
+fn job_env(spec: &IsolationSpec) -> Result<Vec<serde_json::Value>, String> {
+    let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
+    for var in &spec.env {
+        let name = var.name.as_str();
+        check_var_name(name, false)?;
+        let entry = match (&var.value, &var.secret) {
+            (Some(v), None) => json!({"name": name, "value": v}),
+            (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
+                "name": r.name, "key": r.key, "optional": false,
+            }}}),
+            _ => {
+                return Err(format!(
+                    "the tool's env: {name:?} needs exactly one of value and secret"
+                ))
+            }
+        };
+        env.retain(|e| e["name"] != name);
+        env.push(entry);
+    }
+    Ok(env)
 }
 
 fn now_seconds() -> i64 {
@@ -1166,32 +1033,15 @@ impl RunnerPort for JobRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-    use crate::core::{AppliedPolicy, CallId, SessionId, ToolCall};
+    use crate::runner::fixtures::{self, image_tool, value_var};
+    use crate::runner::wrapper_protocol::report;
 
     fn token() -> ContinuationToken {
         ContinuationToken("demo-t1-c0".into())
     }
 
     fn envelope(args: &str) -> CallEnvelope {
-        CallEnvelope::new(
-            token(),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: args.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("demo".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "ns/demo/uid/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("demo", args)
     }
 
     #[test]
@@ -1214,54 +1064,6 @@ mod tests {
         assert!(token_label(&ContinuationToken("Bad/Token".into())).starts_with("h-"));
     }
 
-    #[test]
-    fn frames_round_trip_and_damage_is_caught() {
-        let t = token();
-        let json = format!("{{\"x\":\"{}é\"}}", "a".repeat(10_000));
-        let block = frame(&t, &json);
-        assert!(block.lines().all(|l| l.len() <= FRAME_LINE_BYTES + 100));
-        let sha = sha256_hex(json.as_bytes());
-        let log = format!("some stderr\nno newline at the end{block}more\n");
-        assert_eq!(unframe(&log, &t, &sha, json.len()).unwrap(), json);
-        let damaged = log.replacen("aaaa", "aaab", 1);
-        let e = unframe(&damaged, &t, &sha, json.len()).unwrap_err();
-        assert!(e.contains("damaged"), "{e}");
-        let e = unframe("nothing", &t, &sha, json.len()).unwrap_err();
-        assert!(e.contains("not in the tool's log"), "{e}");
-        // Another call's block is not ours.
-        let other = ContinuationToken("demo-t1-c1".into());
-        assert!(unframe(&log, &other, &sha, json.len()).is_err());
-    }
-
-    #[test]
-    fn small_results_go_in_the_message_large_ones_in_the_log() {
-        let t = token();
-        let (msg, block) = report(&t, &ToolResult::text("hi"));
-        assert!(block.is_none());
-        assert_eq!(
-            read_message(&msg, &t),
-            Message::Result(ToolResult::text("hi"))
-        );
-        let big = ToolResult::text("z".repeat(20_000));
-        let (msg, block) = report(&t, &big);
-        assert!(msg.len() < 200, "{msg}");
-        let Message::InLog(p) = read_message(&msg, &t) else {
-            panic!("{msg}")
-        };
-        let json = unframe(&block.unwrap(), &t, &p.sha256, p.bytes).unwrap();
-        assert_eq!(ResultEnvelope::parse_for(&json, &t).unwrap(), big);
-        // A message for another token is an error result, not a success.
-        let other = ContinuationToken("other-t1-c0".into());
-        let (msg, _) = report(&other, &ToolResult::text("hi"));
-        assert!(
-            matches!(read_message(&msg, &t), Message::Result(ToolResult::Error { message }) if message.contains("token"))
-        );
-        assert_eq!(
-            read_message("cannot read the envelope", &t),
-            Message::Other("cannot read the envelope".into())
-        );
-    }
-
     async fn runner() -> JobRunner {
         // Building a Job needs no server; a client pointing nowhere will do.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
@@ -1280,44 +1082,37 @@ mod tests {
         }
     }
 
+    /// The arguments of the hardening test's call: what must never reach
+    /// the pod's spec.
+    const ARGS: &str = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
+
+    fn tool() -> IsolationSpec {
+        image_tool("busybox:ci", &["sh", "-c"], &["cat"], ("MODE", "fast"))
+    }
+
+    /// The Job of attempt `attempt` of the call with [`ARGS`].
+    async fn build(
+        spec: &IsolationSpec,
+        attempt: u32,
+        timeout: Duration,
+        source: EnvelopeSource,
+    ) -> Result<serde_json::Value, String> {
+        runner()
+            .await
+            .build_job(&envelope(ARGS), spec, attempt, timeout, &owner(), &source)
+            .map(|job| serde_json::to_value(&job).unwrap())
+    }
+
+    fn in_annotation() -> EnvelopeSource {
+        EnvelopeSource::Annotation(serde_json::to_string(&envelope(ARGS)).unwrap())
+    }
+
     #[tokio::test]
     async fn the_job_is_hardened_and_carries_no_arguments() {
-        let r = runner().await;
-        let args = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
-        let env = envelope(args);
-        let spec = IsolationSpec {
-            image: "busybox:ci".into(),
-            command: vec!["sh".into(), "-c".into()],
-            args: vec!["cat".into()],
-            limits: [("memory".to_string(), "64Mi".to_string())].into(),
-            env: vec![
-                EnvVarSpec {
-                    name: "MODE".into(),
-                    value: Some("fast".into()),
-                    ..Default::default()
-                },
-                EnvVarSpec {
-                    name: "TOKEN".into(),
-                    secret: Some(SecretKeyRef {
-                        name: "gh".into(),
-                        key: "token".into(),
-                    }),
-                    ..Default::default()
-                },
-            ],
-        };
-        let text = serde_json::to_string(&env).unwrap();
-        let job = r
-            .build_job(
-                &env,
-                &spec,
-                2,
-                Duration::from_millis(30_500),
-                &owner(),
-                &EnvelopeSource::Annotation(text.clone()),
-            )
+        let text = serde_json::to_string(&envelope(ARGS)).unwrap();
+        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
+            .await
             .unwrap();
-        let v = serde_json::to_value(&job).unwrap();
         assert_eq!(v["metadata"]["name"], job_name(&token(), 2));
         assert_eq!(v["metadata"]["labels"][LABEL_CONTINUATION], "demo-t1-c0");
         assert_eq!(v["metadata"]["labels"][LABEL_ATTEMPT], "2");
@@ -1333,7 +1128,25 @@ mod tests {
         assert_eq!(ps["enableServiceLinks"], false);
         assert_eq!(ps["restartPolicy"], "Never");
         assert_eq!(ps["securityContext"]["runAsNonRoot"], true);
-        let tool = &ps["containers"][0];
+        for c in [&ps["containers"][0], &ps["initContainers"][0]] {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false);
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+            assert!(c["resources"]["limits"]["memory"].is_string());
+        }
+        // The arguments are only in the annotation, never in the spec.
+        let spec_text = serde_json::to_string(ps).unwrap();
+        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
+    }
+
+    #[tokio::test]
+    async fn the_tool_container_wraps_the_command_with_the_named_env_and_limits() {
+        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
+            .await
+            .unwrap();
+        let tool = &v["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(tool["name"], TOOL_CONTAINER);
         assert_eq!(
             tool["command"],
@@ -1348,14 +1161,6 @@ mod tests {
             ])
         );
         assert_eq!(tool["args"], json!(["cat"]));
-        for c in [tool, &ps["initContainers"][0]] {
-            let sc = &c["securityContext"];
-            assert_eq!(sc["allowPrivilegeEscalation"], false);
-            assert_eq!(sc["readOnlyRootFilesystem"], true);
-            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
-            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
-            assert!(c["resources"]["limits"]["memory"].is_string());
-        }
         assert_eq!(tool["resources"]["limits"]["memory"], "64Mi");
         assert_eq!(tool["resources"]["requests"]["memory"], "64Mi");
         assert_eq!(tool["resources"]["limits"]["cpu"], "500m");
@@ -1367,54 +1172,31 @@ mod tests {
                 {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "token", "optional": false}}},
             ])
         );
-        // The arguments are only in the annotation, never in the spec.
-        let spec_text = serde_json::to_string(ps).unwrap();
-        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
-        // Reserved names and missing commands are refused.
-        let mut bad = spec.clone();
-        bad.env.push(EnvVarSpec {
-            name: "AGENTS_TOKEN".into(),
-            value: Some("x".into()),
-            ..Default::default()
-        });
-        let e = r
-            .build_job(
-                &env,
-                &bad,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::Annotation(text.clone()),
-            )
-            .unwrap_err();
+    }
+
+    #[tokio::test]
+    async fn reserved_names_and_missing_commands_are_refused() {
+        let second = Duration::from_secs(1);
+        let mut bad = tool();
+        bad.env.push(value_var("AGENTS_TOKEN", "x"));
+        let e = build(&bad, 1, second, in_annotation()).await.unwrap_err();
         assert!(e.contains("AGENTS_TOKEN"), "{e}");
         let no_cmd = IsolationSpec {
             command: vec![],
-            ..spec.clone()
+            ..tool()
         };
-        let e = r
-            .build_job(
-                &env,
-                &no_cmd,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::Annotation(text),
-            )
+        let e = build(&no_cmd, 1, second, in_annotation())
+            .await
             .unwrap_err();
         assert!(e.contains("command"), "{e}");
-        // Large envelopes come from a ConfigMap.
-        let job = r
-            .build_job(
-                &env,
-                &spec,
-                1,
-                Duration::from_secs(1),
-                &owner(),
-                &EnvelopeSource::ConfigMap("cm".into()),
-            )
+    }
+
+    #[tokio::test]
+    async fn large_envelopes_come_from_a_configmap() {
+        let second = Duration::from_secs(1);
+        let v = build(&tool(), 1, second, EnvelopeSource::ConfigMap("cm".into()))
+            .await
             .unwrap();
-        let v = serde_json::to_value(&job).unwrap();
         assert_eq!(
             v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"],
             "cm"

@@ -24,16 +24,25 @@
 //!   `run` from `spawn_blocking` or a short-lived thread, whose exit would
 //!   kill the tool. The tool's own children do not inherit the signal;
 //!   they die with the group on every exit path except a SIGKILLed worker.
+//!
+//! The child-process harness (envelope on stdin, capped reads, group kill,
+//! timeout, reading the answer) is `harness`, shared with the container
+//! runner and the Job's in-pod wrapper; what the wrapper reports, and how
+//! the Job runner reads it, is [`wrapper_protocol`].
 
 pub mod container;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub(crate) mod harness;
 pub mod job;
+pub mod wrapper_protocol;
 
-use crate::core::envelope::{CallEnvelope, ResultEnvelope, ENVELOPE_VERSION};
+use crate::core::envelope::{CallEnvelope, ENVELOPE_VERSION};
 use crate::core::{IsolationSpec, ToolResult};
+use harness::{interpret, Captured, Ended, Exchange, Options, Stopped};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 /// `PATH` of every tool process: system directories only, never the
@@ -92,46 +101,10 @@ impl ProcessRunner {
             ("HOME".into(), home.display().to_string()),
             ("LANG".into(), "C.UTF-8".into()),
         ];
-        let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
-            env.retain(|(name, _)| name != k);
-            env.push((k.to_string(), v));
-        };
         for (k, v) in &self.env {
-            set(&mut env, k, v.clone());
+            set_var(&mut env, k, v.clone());
         }
-        for var in &spec.env {
-            let name = &var.name;
-            if name.is_empty() || name.contains(['=', '\0']) {
-                return Err(format!(
-                    "the tool's env has an invalid variable name {name:?}"
-                ));
-            }
-            if RESERVED.contains(&name.as_str()) {
-                return Err(format!(
-                    "the tool's env sets {name}, which the runner sets itself; remove it"
-                ));
-            }
-            let value = var
-                .resolve(lookup)
-                .map_err(|e| format!("the tool's env: {e}"))?;
-            if value.contains('\0') {
-                return Err(format!(
-                    "the tool's env: the value of {name} holds a NUL byte"
-                ));
-            }
-            set(&mut env, name, value);
-        }
-        set(
-            &mut env,
-            "AGENTS_TOKEN",
-            envelope.token.as_str().to_string(),
-        );
-        set(
-            &mut env,
-            "AGENTS_ENVELOPE_VERSION",
-            ENVELOPE_VERSION.to_string(),
-        );
-        Ok(env)
+        with_tool_vars(env, envelope, spec, lookup, false)
     }
 
     pub async fn run(
@@ -158,58 +131,63 @@ impl ProcessRunner {
             Err(e) => return failed(started, e),
         };
         let mut cmd = Command::new(program);
-        cmd.args(rest)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            // Its own process group, so a timeout also ends grandchildren.
-            .process_group(0);
-        die_with_this_thread(&mut cmd);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        cmd.args(rest).env_clear().envs(env);
+        // The group dies with the tool, on a timeout and when this future
+        // is dropped mid-run; the tool dies with this thread.
+        let tool = match harness::spawn(&mut cmd, Options::HOST_TOOL) {
+            Ok(t) => t,
             Err(e) => return failed(started, format!("cannot start {program:?}: {e}")),
         };
-        // Kills the group however this function is left, including when
-        // the future is dropped mid-run.
-        let mut group = GroupKill(child.id().map(|p| p as i32));
-        let input = serde_json::to_vec(envelope).expect("envelopes serialise");
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let io = async {
-            // A tool may exit without reading its input; that is fine.
-            let write = async {
-                let _ = stdin.write_all(&input).await;
-                drop(stdin);
-            };
-            let wait = async {
-                let status = child.wait().await;
-                // Children it left behind die with it (as in a Job's pod);
-                // they would also hold the output pipes open.
-                group.kill();
-                status
-            };
-            let (_, out, err, status) = tokio::join!(
-                write,
-                read_capped(&mut stdout),
-                read_capped(&mut stderr),
-                wait
-            );
-            (out, err, status)
-        };
-        let outcome = match tokio::time::timeout(timeout, io).await {
-            Ok((stdout, stderr, status)) => {
-                let exit_code = status.as_ref().ok().and_then(|s| s.code());
-                let result = match status {
-                    Err(e) => ToolResult::error(format!("waiting for {program:?}: {e}")),
-                    Ok(s) => interpret(envelope, s.success(), exit_code, &stdout, &stderr),
-                };
+        let ended = tool.exchange(exchange(envelope, timeout)).await;
+        let outcome = ProcessOutcome::of(
+            started,
+            ended,
+            || {
+                format!(
+                    "timed out after {}s; the process was killed",
+                    timeout.as_secs_f64()
+                )
+            },
+            |status, stdout, stderr| match status {
+                Err(e) => ToolResult::error(format!("waiting for {program:?}: {e}")),
+                Ok(s) => interpret(envelope, s.success(), s.code(), stdout, stderr),
+            },
+        );
+        drop(home);
+        outcome
+    }
+}
+
+/// The conversation of the process and container runners: both outputs
+/// captured up to [`MAX_CAPTURE_BYTES`], no signals to forward, `timeout`
+/// for the whole run.
+fn exchange(envelope: &CallEnvelope, timeout: Duration) -> Exchange<'_, Captured> {
+    Exchange {
+        envelope,
+        stdout_cap: MAX_CAPTURE_BYTES,
+        stderr: Captured::new(MAX_CAPTURE_BYTES),
+        signals: &mut [],
+        timeout: Some(timeout),
+        drain: None,
+    }
+}
+
+impl ProcessOutcome {
+    /// The outcome of a run: `judge` reads the exit status and output of
+    /// an ended child; a stopped one timed out (`timed_out` says how it
+    /// was ended).
+    fn of(
+        started: Instant,
+        ended: Result<Ended<Captured>, Stopped>,
+        timed_out: impl FnOnce() -> String,
+        judge: impl FnOnce(&std::io::Result<ExitStatus>, &str, &str) -> ToolResult,
+    ) -> Self {
+        match ended {
+            Ok(ended) => {
+                let (stdout, stderr) = (ended.stdout.text(), ended.stderr.text());
                 ProcessOutcome {
-                    result,
-                    exit_code,
+                    result: judge(&ended.status, &stdout, &stderr),
+                    exit_code: ended.exit_code(),
                     stdout,
                     stderr,
                     timed_out: false,
@@ -217,76 +195,77 @@ impl ProcessRunner {
                 }
             }
             Err(_) => ProcessOutcome {
-                result: ToolResult::error(format!(
-                    "timed out after {}s; the process was killed",
-                    timeout.as_secs_f64()
-                )),
-                exit_code: None,
-                stdout: String::new(),
-                stderr: String::new(),
                 timed_out: true,
-                elapsed: started.elapsed(),
+                ..failed(started, timed_out())
             },
-        };
-        drop(group);
-        drop(home);
-        outcome
-    }
-}
-
-/// SIGKILLs a process group when dropped (or at [`GroupKill::kill`]).
-struct GroupKill(Option<i32>);
-
-impl GroupKill {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // SAFETY: kill(2) with a negative pid signals the group created
-            // at spawn; no memory is involved.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
         }
     }
 }
 
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Sets `name` in `env`, replacing an earlier value.
+fn set_var(env: &mut Vec<(String, String)>, name: &str, value: String) {
+    env.retain(|(k, _)| k != name);
+    env.push((name.to_string(), value));
 }
 
-/// The child gets SIGKILL when the thread that spawned it ends: a worker
-/// killed with SIGKILL takes its tool along instead of leaving it running
-/// under pid 1 while another worker runs the same call.
-#[cfg(target_os = "linux")]
-fn die_with_this_thread(cmd: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe system calls (prctl, getppid), touching no memory
-    // shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The worker may have died before prctl took effect.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
+/// `Err` (the message for the model) when `name` may not be a tool's
+/// variable: not a name (`strict`: also when it holds white space), or one
+/// the runner sets itself.
+fn check_var_name(name: &str, strict: bool) -> Result<(), String> {
+    let invalid = name.is_empty()
+        || name.contains(['=', '\0'])
+        || (strict && name.chars().any(char::is_whitespace));
+    if invalid {
+        return Err(format!(
+            "the tool's env has an invalid variable name {name:?}"
+        ));
     }
+    if RESERVED.contains(&name) {
+        return Err(format!(
+            "the tool's env sets {name}, which the runner sets itself; remove it"
+        ));
+    }
+    Ok(())
 }
 
-#[cfg(not(target_os = "linux"))]
-fn die_with_this_thread(_: &mut Command) {}
+/// `env` (the runner's fixed set), then the variables the tool's definition
+/// names (values resolved by `lookup`, secrets included), then the
+/// runner's own ([`runner_vars`]); a later variable replaces an earlier one
+/// of the same name.
+fn with_tool_vars(
+    mut env: Vec<(String, String)>,
+    envelope: &CallEnvelope,
+    spec: &IsolationSpec,
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    strict: bool,
+) -> Result<Vec<(String, String)>, String> {
+    for var in &spec.env {
+        let name = &var.name;
+        check_var_name(name, strict)?;
+        let value = var
+            .resolve(lookup)
+            .map_err(|e| format!("the tool's env: {e}"))?;
+        if value.contains('\0') {
+            return Err(format!(
+                "the tool's env: the value of {name} holds a NUL byte"
+            ));
+        }
+        set_var(&mut env, name, value);
+    }
+    for (name, value) in runner_vars(envelope) {
+        set_var(&mut env, name, value);
+    }
+    Ok(env)
+}
+
+/// The variables every runner gives a tool itself: the call's token and
+/// the envelope version.
+pub(crate) fn runner_vars(envelope: &CallEnvelope) -> [(&'static str, String); 2] {
+    [
+        ("AGENTS_TOKEN", envelope.token.as_str().to_string()),
+        ("AGENTS_ENVELOPE_VERSION", ENVELOPE_VERSION.to_string()),
+    ]
+}
 
 /// A private, empty `HOME` for one run, removed afterwards: a tool finds
 /// no dotfiles or credentials of the worker's user there.
@@ -355,84 +334,21 @@ fn failed(started: Instant, message: impl Into<String>) -> ProcessOutcome {
     }
 }
 
-async fn read_capped(r: &mut (impl AsyncReadExt + Unpin)) -> String {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        match r.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                // Keep draining past the cap so the child never blocks on a full pipe.
-                let room = MAX_CAPTURE_BYTES.saturating_sub(buf.len());
-                buf.extend_from_slice(&chunk[..n.min(room)]);
-            }
-        }
-    }
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn looks_like_result_envelope(text: &str) -> bool {
-    text.starts_with('{')
-        && serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|v| v.get("version").is_some() && v.get("status").is_some())
-}
-
-/// Turns what the child printed into the call's result (the Job runner's
-/// wrapper, `agents tool-exec`, uses it too, so both runners agree).
-pub(crate) fn interpret(
-    envelope: &CallEnvelope,
-    success: bool,
-    exit_code: Option<i32>,
-    stdout: &str,
-    stderr: &str,
-) -> ToolResult {
-    let trimmed = stdout.trim();
-    // Something that claims to be a result envelope must be a valid one
-    // for this token; anything else is the tool's plain output.
-    if looks_like_result_envelope(trimmed) {
-        return ResultEnvelope::parse_for(trimmed, &envelope.token)
-            .unwrap_or_else(|e| ToolResult::error(format!("the tool's result envelope: {e}")));
-    }
-    if success {
-        return ToolResult::text(stdout.trim_end().to_string());
-    }
-    let tail: String = {
-        let chars: Vec<char> = stderr.trim_end().chars().collect();
-        chars[chars.len().saturating_sub(2000)..].iter().collect()
-    };
-    let code = exit_code.map_or("a signal".to_string(), |c| format!("exit status {c}"));
-    if tail.is_empty() {
-        ToolResult::error(format!("the tool ended with {code}"))
-    } else {
-        ToolResult::error(format!("the tool ended with {code}: {tail}"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::envelope::ContextSnapshot;
-    use crate::core::{AppliedPolicy, CallId, ContinuationToken, SessionId, ToolCall};
+    use fixtures::{secret_var, value_var};
     use std::collections::BTreeMap;
 
     fn envelope(args: &str) -> CallEnvelope {
-        CallEnvelope::new(
-            ContinuationToken("s-t1-c0".into()),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "bash".into(),
-                arguments: args.into(),
-            },
-            ContextSnapshot {
-                session: SessionId("s".into()),
-                turn: 1,
-                call_id: CallId::new(1, 0),
-                agent: None,
-                idempotency_key: "s/t1-c0".into(),
-                params: BTreeMap::new(),
-            },
-            AppliedPolicy::default(),
-        )
+        fixtures::envelope("s", args)
+    }
+
+    /// Runs `spec` for a call with no arguments.
+    async fn run(spec: &IsolationSpec, timeout: Option<Duration>) -> ProcessOutcome {
+        ProcessRunner::default()
+            .run(&envelope("{}"), spec, timeout)
+            .await
     }
 
     fn sh(script: &str) -> IsolationSpec {
@@ -463,14 +379,10 @@ mod tests {
         let good = format!(
             r#"echo '{{"version":"{ENVELOPE_VERSION}","token":"s-t1-c0","status":"success","result":{{"type":"text","content":"ok"}}}}'"#
         );
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&good), None)
-            .await;
+        let out = run(&sh(&good), None).await;
         assert_eq!(out.result, ToolResult::text("ok"));
         let wrong = good.replace("s-t1-c0", "other-t1-c0");
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&wrong), None)
-            .await;
+        let out = run(&sh(&wrong), None).await;
         assert!(
             matches!(&out.result, ToolResult::Error { message } if message.contains("token")),
             "{out:?}"
@@ -479,25 +391,15 @@ mod tests {
 
     #[tokio::test]
     async fn failures_carry_stderr_and_timeouts_kill_the_group() {
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh("echo boom >&2; exit 3"), None)
-            .await;
+        let out = run(&sh("echo boom >&2; exit 3"), None).await;
         assert_eq!(
             out.result,
             ToolResult::error("the tool ended with exit status 3: boom")
         );
-        let out = ProcessRunner::default()
-            .run(
-                &envelope("{}"),
-                &sh("sleep 30 & sleep 30"),
-                Some(Duration::from_millis(200)),
-            )
-            .await;
+        let out = run(&sh("sleep 30 & sleep 30"), Some(Duration::from_millis(200))).await;
         assert!(out.timed_out);
         assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &IsolationSpec::default(), None)
-            .await;
+        let out = run(&IsolationSpec::default(), None).await;
         assert!(out.result.is_error());
     }
 
@@ -547,22 +449,18 @@ mod tests {
         p
     }
 
+    /// `env` itself, no shell: the output is exactly the environment.
+    fn print_env() -> IsolationSpec {
+        IsolationSpec {
+            command: vec!["env".into()],
+            env: vec![value_var("GREETING", "hello there")],
+            ..Default::default()
+        }
+    }
+
     #[tokio::test]
     async fn the_tool_sees_only_the_fixed_set_and_what_its_definition_names() {
-        use crate::core::policy::{EnvVarSpec, SecretKeyRef};
-        // `env` itself, no shell: the output is exactly the environment.
-        let spec = IsolationSpec {
-            command: vec!["env".into()],
-            env: vec![EnvVarSpec {
-                name: "GREETING".into(),
-                value: Some("hello there".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &spec, None)
-            .await;
+        let out = run(&print_env(), None).await;
         let ToolResult::Success { response } = &out.result else {
             panic!("{out:?}")
         };
@@ -587,19 +485,14 @@ mod tests {
         let home = Path::new(vars["HOME"]);
         assert!(home.starts_with(std::env::temp_dir()), "{home:?}");
         assert!(!home.exists(), "the scratch HOME is removed after the run");
+    }
 
+    #[tokio::test]
+    async fn secrets_come_by_reference_and_the_runners_variables_stay() {
         // A secret comes only by reference, from the worker's environment.
-        let secret = EnvVarSpec {
-            name: "TOKEN".into(),
-            secret: Some(SecretKeyRef {
-                name: "gh".into(),
-                key: "token".into(),
-            }),
-            ..Default::default()
-        };
         let with_secret = IsolationSpec {
-            env: vec![secret.clone()],
-            ..spec.clone()
+            env: vec![secret_var("TOKEN", "gh", "token")],
+            ..print_env()
         };
         let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
         let env = ProcessRunner::default()
@@ -612,16 +505,10 @@ mod tests {
         assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
         // The runner's own variables cannot be replaced.
         let clash = IsolationSpec {
-            env: vec![EnvVarSpec {
-                name: "AGENTS_TOKEN".into(),
-                value: Some("other".into()),
-                ..Default::default()
-            }],
-            ..spec.clone()
+            env: vec![value_var("AGENTS_TOKEN", "other")],
+            ..print_env()
         };
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &clash, None)
-            .await;
+        let out = run(&clash, None).await;
         assert!(
             matches!(&out.result, ToolResult::Error { message } if message.contains("AGENTS_TOKEN")),
             "{out:?}"
@@ -632,9 +519,7 @@ mod tests {
     async fn children_left_behind_die_when_the_tool_exits() {
         let pid_path = pid_file("leftover");
         let script = format!("sleep 30 & echo $! > {}; echo done", pid_path.display());
-        let out = ProcessRunner::default()
-            .run(&envelope("{}"), &sh(&script), Some(Duration::from_secs(20)))
-            .await;
+        let out = run(&sh(&script), Some(Duration::from_secs(20))).await;
         // The background sleep holds stdout: without the group kill the
         // run would wait for it until the timeout.
         assert_eq!(out.result, ToolResult::text("done"), "{out:?}");
