@@ -344,18 +344,7 @@ impl Watchdog {
                 (true, Confirmed::No) => false,
                 (true, Confirmed::RenewedAt(at)) => SystemTime::now() < self.deadline(at),
             };
-            let was = *tx.borrow();
-            if leading != was {
-                if leading {
-                    tracing::info!(identity = %self.identity, lease = %self.lease_name, "leader election: leading");
-                } else if library_leads {
-                    tracing::warn!(identity = %self.identity, lease = %self.lease_name,
-                        "leader election: the Lease was not renewed in time; stepping down");
-                } else {
-                    tracing::warn!(identity = %self.identity, lease = %self.lease_name, "leader election: lost the Lease");
-                }
-                tx.send_replace(leading);
-            }
+            self.announce(&tx, leading, library_leads);
             if !library_leads {
                 confirmed = Confirmed::No;
             }
@@ -381,60 +370,82 @@ impl Watchdog {
                     next_check = Instant::now();
                 }
                 _ = check => {
-                    let now = SystemTime::now();
-                    // A partition can make a read hang: never wait past the
-                    // deadline for one.
-                    let budget = match confirmed {
-                        Confirmed::RenewedAt(at) => self.deadline(at).duration_since(now).unwrap_or_default(),
-                        Confirmed::No => READ_TIMEOUT,
-                    }
-                    .clamp(Duration::from_millis(50), READ_TIMEOUT);
-                    let reading = match tokio::time::timeout(budget, self.read()).await {
-                        Ok(reading) => reading,
-                        Err(_) => Reading::Unknown(format!("no answer within {budget:?}")),
-                    };
-                    match reading {
-                        Reading::Ours(renewed, generation) => {
-                            self.fence.set(Some((renewed, generation)));
-                            let fresh = match confirmed {
-                                Confirmed::RenewedAt(before) => renewed > before,
-                                Confirmed::No => true,
-                            };
-                            confirmed = Confirmed::RenewedAt(renewed);
-                            // The library renews `grace` before expiry: look
-                            // just after that, or again soon if it has not yet.
-                            let renew_due = renewed + self.duration - self.grace;
-                            let wait = if fresh {
-                                renew_due.duration_since(now).unwrap_or_default() + RECHECK
-                            } else {
-                                RECHECK
-                            };
-                            next_check = Instant::now() + wait.max(Duration::from_millis(100));
-                        }
-                        Reading::NotOurs(holder) => {
-                            tracing::warn!(identity = %self.identity, holder = ?holder,
-                                "leader election: the Lease is not ours any more");
-                            confirmed = Confirmed::RenewedAt(SystemTime::UNIX_EPOCH);
-                            self.fence.set(None);
-                            next_check = Instant::now() + RECHECK;
-                        }
-                        Reading::Unknown(e) => {
-                            tracing::warn!(identity = %self.identity, error = %e,
-                                "leader election: cannot read the Lease back");
-                            next_check = Instant::now() + RECHECK;
-                        }
-                    }
-                    // Wake at the deadline at the latest, to step down on time.
-                    if let Confirmed::RenewedAt(at) = confirmed {
-                        if let Ok(left) = self.deadline(at).duration_since(SystemTime::now()) {
-                            next_check = next_check.min(Instant::now() + left);
-                        }
-                    }
+                    next_check = self.check(&mut confirmed).await;
                 }
             }
         }
         self.fence.set(None);
         tx.send_replace(false);
+    }
+
+    /// Publishes a change of leadership, saying why.
+    fn announce(&self, tx: &watch::Sender<bool>, leading: bool, library_leads: bool) {
+        if leading == *tx.borrow() {
+            return;
+        }
+        if leading {
+            tracing::info!(identity = %self.identity, lease = %self.lease_name, "leader election: leading");
+        } else if library_leads {
+            tracing::warn!(identity = %self.identity, lease = %self.lease_name,
+                "leader election: the Lease was not renewed in time; stepping down");
+        } else {
+            tracing::warn!(identity = %self.identity, lease = %self.lease_name, "leader election: lost the Lease");
+        }
+        tx.send_replace(leading);
+    }
+
+    /// Reads the Lease back, updates what is confirmed and the fence, and
+    /// says when to look next (at the deadline at the latest, to step down
+    /// on time).
+    async fn check(&self, confirmed: &mut Confirmed) -> Instant {
+        let now = SystemTime::now();
+        // A partition can make a read hang: never wait past the deadline.
+        let budget = match *confirmed {
+            Confirmed::RenewedAt(at) => self.deadline(at).duration_since(now).unwrap_or_default(),
+            Confirmed::No => READ_TIMEOUT,
+        }
+        .clamp(Duration::from_millis(50), READ_TIMEOUT);
+        let reading = match tokio::time::timeout(budget, self.read()).await {
+            Ok(reading) => reading,
+            Err(_) => Reading::Unknown(format!("no answer within {budget:?}")),
+        };
+        let mut next_check = match reading {
+            Reading::Ours(renewed, generation) => {
+                self.fence.set(Some((renewed, generation)));
+                let fresh = match *confirmed {
+                    Confirmed::RenewedAt(before) => renewed > before,
+                    Confirmed::No => true,
+                };
+                *confirmed = Confirmed::RenewedAt(renewed);
+                // The library renews `grace` before expiry: look just after
+                // that, or again soon if it has not yet.
+                let renew_due = renewed + self.duration - self.grace;
+                let wait = if fresh {
+                    renew_due.duration_since(now).unwrap_or_default() + RECHECK
+                } else {
+                    RECHECK
+                };
+                Instant::now() + wait.max(Duration::from_millis(100))
+            }
+            Reading::NotOurs(holder) => {
+                tracing::warn!(identity = %self.identity, holder = ?holder,
+                    "leader election: the Lease is not ours any more");
+                *confirmed = Confirmed::RenewedAt(SystemTime::UNIX_EPOCH);
+                self.fence.set(None);
+                Instant::now() + RECHECK
+            }
+            Reading::Unknown(e) => {
+                tracing::warn!(identity = %self.identity, error = %e,
+                    "leader election: cannot read the Lease back");
+                Instant::now() + RECHECK
+            }
+        };
+        if let Confirmed::RenewedAt(at) = *confirmed {
+            if let Ok(left) = self.deadline(at).duration_since(SystemTime::now()) {
+                next_check = next_check.min(Instant::now() + left);
+            }
+        }
+        next_check
     }
 }
 

@@ -182,6 +182,24 @@ pub fn merge(
     next
 }
 
+/// The conditions to store: `next` stamped by [`merge`], then `previous`
+/// conditions of other types (another writer's), kept as they are. The
+/// Session and the Agent controllers both write their conditions this way.
+pub fn settle(
+    previous: &[Condition],
+    next: Vec<Condition>,
+    generation: Option<i64>,
+    now: Millis,
+) -> Vec<Condition> {
+    let mut out = merge(previous, next, generation, now);
+    for p in previous {
+        if !out.iter().any(|o| o.type_ == p.type_) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1254,95 +1254,11 @@ impl Session {
         if self.state.paused || self.state.phase.is_final() {
             return;
         }
-        let role = self.config.driver.clone();
-        let default_secs = self.config.default_tool_timeout_secs;
-        let claim_for = |secs: Option<u64>| Claim {
-            holder: role.holder.clone(),
-            until: now
-                .plus_secs(secs.unwrap_or(default_secs))
-                .plus_millis(CLAIM_GRACE_MILLIS as u64)
-                // Stored as a Kubernetes time: whole seconds.
-                .ceil_to_second(),
-        };
         // Per call, in call order: its continuation, then its start.
-        let mut planned = Vec::new();
-        let mut starts = false;
-        let id = self.state.id.clone();
-        let config = self.config.clone();
-        if let Some(open) = self.state.open.as_mut() {
-            for call in open.calls.iter_mut() {
-                if call.state.is_final() || call.state == CallState::Ready {
-                    continue;
-                }
-                let may_run = match (call.state, call.waiting_for) {
-                    (CallState::Running, _) => role.model,
-                    (_, Some(WaitingFor::Background)) => role.background,
-                    (_, Some(WaitingFor::Isolated)) => role.isolated,
-                    _ => false,
-                };
-                if call.state == CallState::Deferred && ensure {
-                    planned.extend(ensure_action(&id, &config, call));
-                }
-                let due = call.retry_at.is_none_or(|t| now >= t);
-                let blocked = call
-                    .claim
-                    .as_ref()
-                    .is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
-                // A tick restarts only work nobody (alive) holds; a restore
-                // or a new dispatch re-issues our own starts too (runners
-                // adopt what is already under way).
-                let ours = call.claim.as_ref().is_some_and(|c| c.holder == role.holder);
-                if !may_run || !due || blocked || (!ensure && ours) {
-                    continue;
-                }
-                let retry = call.retry_at.is_some();
-                if retry {
-                    call.retry_at = None;
-                    call.attempts += 1;
-                }
-                // Our own live claim stands as it is: re-issuing work under
-                // way (a background task, a Job) writes nothing.
-                let live_own = ours && call.claim.as_ref().is_some_and(|c| c.until > now);
-                if retry || !live_own {
-                    call.claim = Some(claim_for(call.policy.decorators.timeout_seconds));
-                }
-                let run = run_action(&id, &config, call);
-                starts |= !run.is_empty();
-                planned.extend(run);
-            }
-        }
-        if self.state.phase == Phase::AwaitingModel && role.model {
-            let due = self.state.model_retry_at.is_none_or(|t| now >= t);
-            let blocked = self
-                .state
-                .model_claim
-                .as_ref()
-                .is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
-            let ours = self
-                .state
-                .model_claim
-                .as_ref()
-                .is_some_and(|c| c.holder == role.holder);
-            let queued = self
-                .actions
-                .iter()
-                .any(|a| matches!(a, Action::CallModel { .. }));
-            if due && !blocked && !queued && (ensure || !ours) {
-                self.state.model_retry_at = None;
-                let live_own = ours
-                    && self
-                        .state
-                        .model_claim
-                        .as_ref()
-                        .is_some_and(|c| c.until > now);
-                if !live_own {
-                    self.state.model_claim = Some(claim_for(Some(self.config.model_timeout_secs)));
-                }
-                starts = true;
-                planned.push(Action::CallModel {
-                    turn: self.state.agent_turns + 1,
-                });
-            }
+        let (mut planned, mut starts) = self.plan_calls(now, ensure);
+        if let Some(call_model) = self.plan_model(now, ensure) {
+            starts = true;
+            planned.push(call_model);
         }
         // The claims are committed before any start is performed.
         if starts && self.actions.back() != Some(&Action::Checkpoint) {
@@ -1351,6 +1267,79 @@ impl Session {
         for a in planned {
             self.push(a);
         }
+    }
+
+    /// The open calls' continuations (when `ensure`) and the starts this
+    /// driver may make, with their claims taken; and whether any starts.
+    fn plan_calls(&mut self, now: Millis, ensure: bool) -> (Vec<Action>, bool) {
+        let role = self.config.driver.clone();
+        let default_secs = self.config.default_tool_timeout_secs;
+        let (mut planned, mut starts) = (Vec::new(), false);
+        let id = self.state.id.clone();
+        let config = self.config.clone();
+        let Some(open) = self.state.open.as_mut() else {
+            return (planned, starts);
+        };
+        for call in open.calls.iter_mut() {
+            if call.state.is_final() || call.state == CallState::Ready {
+                continue;
+            }
+            let may_run = match (call.state, call.waiting_for) {
+                (CallState::Running, _) => role.model,
+                (_, Some(WaitingFor::Background)) => role.background,
+                (_, Some(WaitingFor::Isolated)) => role.isolated,
+                _ => false,
+            };
+            if call.state == CallState::Deferred && ensure {
+                planned.extend(ensure_action(&id, &config, call));
+            }
+            let due = call.retry_at.is_none_or(|t| now >= t);
+            let Some(live_own) = claimable(call.claim.as_ref(), &role, due, ensure, now) else {
+                continue;
+            };
+            if !may_run {
+                continue;
+            }
+            let retry = call.retry_at.is_some();
+            if retry {
+                call.retry_at = None;
+                call.attempts += 1;
+            }
+            if retry || !live_own {
+                let secs = call
+                    .policy
+                    .decorators
+                    .timeout_seconds
+                    .unwrap_or(default_secs);
+                call.claim = Some(new_claim(&role.holder, secs, now));
+            }
+            let run = run_action(&id, &config, call);
+            starts |= !run.is_empty();
+            planned.extend(run);
+        }
+        (planned, starts)
+    }
+
+    /// The model call this driver may start now, with its claim taken.
+    fn plan_model(&mut self, now: Millis, ensure: bool) -> Option<Action> {
+        let role = &self.config.driver;
+        if self.state.phase != Phase::AwaitingModel || !role.model {
+            return None;
+        }
+        let queued = self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CallModel { .. }));
+        let due = self.state.model_retry_at.is_none_or(|t| now >= t) && !queued;
+        let live_own = claimable(self.state.model_claim.as_ref(), role, due, ensure, now)?;
+        self.state.model_retry_at = None;
+        if !live_own {
+            let claim = new_claim(&role.holder, self.config.model_timeout_secs, now);
+            self.state.model_claim = Some(claim);
+        }
+        Some(Action::CallModel {
+            turn: self.state.agent_turns + 1,
+        })
     }
 
     /// Re-derives the actions the stored state implies (after a restart, a
@@ -1635,6 +1624,39 @@ fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
         .decorators
         .truncate_bytes
         .map_or(agent_limit, |t| t.min(agent_limit))
+}
+
+/// The claim rule, written once for calls and the model turn. Work that
+/// is `due` starts unless someone alive holds it; a tick restarts only
+/// work nobody holds, while a restore or a new dispatch (`ensure`)
+/// re-issues our own starts too (runners adopt what is under way).
+/// `Some(live_own)` when it starts: our own live claim then stands as it
+/// is, so re-issuing work under way writes nothing.
+fn claimable(
+    claim: Option<&Claim>,
+    role: &DriverRole,
+    due: bool,
+    ensure: bool,
+    now: Millis,
+) -> Option<bool> {
+    let blocked = claim.is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
+    let ours = claim.is_some_and(|c| c.holder == role.holder);
+    if !due || blocked || (!ensure && ours) {
+        return None;
+    }
+    Some(ours && claim.is_some_and(|c| c.until > now))
+}
+
+/// A claim by `holder` for work that may take `secs`, with a grace, in
+/// whole seconds (it is stored as a Kubernetes time).
+fn new_claim(holder: &str, secs: u64, now: Millis) -> Claim {
+    Claim {
+        holder: holder.to_string(),
+        until: now
+            .plus_secs(secs)
+            .plus_millis(CLAIM_GRACE_MILLIS as u64)
+            .ceil_to_second(),
+    }
 }
 
 /// Most bytes of an error message a result keeps. Errors are never

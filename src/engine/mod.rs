@@ -315,17 +315,88 @@ async fn step_once(
     roles: Roles,
     replay: &mut Vec<Event>,
 ) -> Result<StepReport, EngineError> {
+    let loaded = load_checked(p, id).await?;
+    let record = loaded.value;
+    let owner = session_ref(&record);
+    let sid = id.0.clone();
+    let now = p.clock.now();
+    // Waits already reported by the step that began them.
+    let known_waits: Vec<(ContinuationToken, Option<WaitingFor>)> = record
+        .state
+        .pending()
+        .into_iter()
+        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .collect();
+    let config = driven_config(agent, holder, roles, &record);
+    let mut session = Session::restore_quiet(record.state.clone(), config);
+    take_in(p, &record, &owner, &mut session, replay, now).await?;
+    let mut cp = Checkpointer {
+        sessions: p.sessions,
+        clock: p.clock,
+        record,
+        version: loaded.version,
+        writes: 0,
+    };
+    let ctx = StepContext {
+        agent,
+        holder,
+        owner: &owner,
+        sid: &sid,
+        known_waits: &known_waits,
+    };
+    loop {
+        drain(p, &ctx, &mut session, &mut cp, replay).await?;
+        let now = p.clock.now();
+        let state = session.state().clone();
+        cp.save(&state, now).await?;
+        replay.clear();
+        let outcome = session.outlook(now);
+        // A result may have landed while we worked: take it and go on.
+        if matches!(outcome, Outlook::Waiting { .. })
+            && absorb(p, &owner, &mut session, now).await?
+        {
+            session.replan(now);
+            continue;
+        }
+        observe_outcome(p.observer, &sid, &outcome);
+        debug!(session = %sid, ?outcome, writes = cp.writes, "step done");
+        return Ok(StepReport {
+            outcome,
+            state: session.into_state(),
+            writes: cp.writes,
+        });
+    }
+}
+
+/// The stored session, refused when its state breaks the core's invariants.
+async fn load_checked(
+    p: &Ports<'_>,
+    id: &SessionId,
+) -> Result<Versioned<SessionRecord>, EngineError> {
     let loaded = p
         .sessions
         .load(id)
         .await?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    let record = loaded.value;
-    record.state.check().map_err(|why| StoreError::Corrupt {
-        what: format!("session {id}"),
-        why,
-    })?;
-    let owner = session_ref(&record);
+    loaded
+        .value
+        .state
+        .check()
+        .map_err(|why| StoreError::Corrupt {
+            what: format!("session {id}"),
+            why,
+        })?;
+    Ok(loaded)
+}
+
+/// The agent's config as this driver runs it: keys scoped to the session,
+/// claims named for `holder`, and only the work `roles` allows.
+fn driven_config(
+    agent: &AgentRuntime,
+    holder: &Holder,
+    roles: Roles,
+    record: &SessionRecord,
+) -> SessionConfig {
     let mut config = agent.config.clone();
     config.scope = Scope {
         namespace: record.namespace.clone(),
@@ -338,89 +409,78 @@ async fn step_once(
         background: roles.background,
         isolated: roles.isolated,
     };
-    let sid = id.0.clone();
-    let now = p.clock.now();
-    // Waits already reported by the step that began them.
-    let known_waits: Vec<(ContinuationToken, Option<WaitingFor>)> = record
-        .state
-        .pending()
-        .into_iter()
-        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
-        .collect();
-    let mut session = Session::restore_quiet(record.state.clone(), config);
-    for event in input_events(&record, session.state()) {
+    config
+}
+
+/// Feeds the core what happened since the last checkpoint: the user's
+/// input, outside results and decisions, and the events of a step that
+/// lost its compare-and-swap (replayed, never asked for again).
+async fn take_in(
+    p: &Ports<'_>,
+    record: &SessionRecord,
+    owner: &SessionRef,
+    session: &mut Session,
+    replay: &[Event],
+    now: crate::core::Millis,
+) -> Result<(), EngineError> {
+    let sid = &record.state.id.0;
+    for event in input_events(record, session.state()) {
         if let Event::UserMessage { text } = &event {
             p.observer.observe(&Progress::UserMessage {
                 session: sid.clone(),
                 text: text.clone(),
             });
         }
-        refuse_logged(&sid, "input", session.handle(event, now));
+        refuse_logged(sid, "input", session.handle(event, now));
     }
-    absorb(p, &owner, &mut session, now).await?;
+    absorb(p, owner, session, now).await?;
     for event in replay.iter().cloned() {
-        refuse_logged(&sid, "replayed result", session.handle(event, now));
+        refuse_logged(sid, "replayed result", session.handle(event, now));
     }
     session.handle(Event::Tick, now).ok();
     session.replan(now);
-    let mut cp = Checkpointer {
-        sessions: p.sessions,
-        clock: p.clock,
-        record,
-        version: loaded.version,
-        writes: 0,
-    };
-    loop {
-        while let Some(action) = session.poll_action() {
-            if !session.is_current(&action) {
-                debug!(session = %sid, ?action, "skipping a start that is no longer current");
-                continue;
-            }
-            if let Action::Checkpoint = action {
-                let state = session.state().clone();
-                cp.save(&state, p.clock.now()).await?;
-                replay.clear();
-                continue;
-            }
-            let ctx = StepContext {
-                agent,
-                holder,
-                owner: &owner,
-                sid: &sid,
-                known_waits: &known_waits,
-            };
-            perform(p, &ctx, &mut session, action, replay).await?;
+    Ok(())
+}
+
+/// Performs the core's actions until it asks for none, checkpointing when
+/// it says so.
+async fn drain(
+    p: &Ports<'_>,
+    ctx: &StepContext<'_>,
+    session: &mut Session,
+    cp: &mut Checkpointer<'_>,
+    replay: &mut Vec<Event>,
+) -> Result<(), EngineError> {
+    while let Some(action) = session.poll_action() {
+        if !session.is_current(&action) {
+            debug!(session = %ctx.sid, ?action, "skipping a start that is no longer current");
+            continue;
         }
-        let now = p.clock.now();
-        let state = session.state().clone();
-        cp.save(&state, now).await?;
-        replay.clear();
-        let outcome = session.outlook(now);
-        match &outcome {
-            Outlook::Succeeded { answer } => p.observer.observe(&Progress::Finished {
-                session: sid.clone(),
-                answer: answer.clone(),
-            }),
-            Outlook::Failed { reason } => p.observer.observe(&Progress::Failed {
-                session: sid.clone(),
-                reason: reason.clone(),
-            }),
-            Outlook::Paused => p.observer.observe(&Progress::Paused {
-                session: sid.clone(),
-            }),
-            // A result may have landed while we worked: take it and go on.
-            Outlook::Waiting { .. } if absorb(p, &owner, &mut session, now).await? => {
-                session.replan(now);
-                continue;
-            }
-            _ => {}
+        if let Action::Checkpoint = action {
+            let state = session.state().clone();
+            cp.save(&state, p.clock.now()).await?;
+            replay.clear();
+            continue;
         }
-        debug!(session = %sid, ?outcome, writes = cp.writes, "step done");
-        return Ok(StepReport {
-            outcome,
-            state: session.into_state(),
-            writes: cp.writes,
-        });
+        perform(p, ctx, session, action, replay).await?;
+    }
+    Ok(())
+}
+
+/// Tells the observer how the step left the session.
+fn observe_outcome(observer: &dyn Observer, sid: &str, outcome: &Outlook) {
+    let session = sid.to_string();
+    match outcome {
+        Outlook::Succeeded { answer } => observer.observe(&Progress::Finished {
+            session,
+            answer: answer.clone(),
+        }),
+        Outlook::Failed { reason } => observer.observe(&Progress::Failed {
+            session,
+            reason: reason.clone(),
+        }),
+        Outlook::Paused => observer.observe(&Progress::Paused { session }),
+        _ => {}
     }
 }
 

@@ -8,7 +8,7 @@ use crate::api::session::AgentRef;
 use crate::api::{Agent, SessionSpec};
 use crate::core::conditions::{self, Condition, Status};
 use crate::engine::{Clock, SystemClock};
-use crate::store::kube::meta_condition;
+use crate::store::kube::{core_condition, meta_condition};
 use futures::{Future, StreamExt};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -100,38 +100,19 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         ),
     };
     let status = agent.status.clone().unwrap_or_default();
-    let previous: Vec<conditions::Condition> = Vec::new();
-    let mut wanted = conditions::merge(&previous, vec![ready], agent.metadata.generation, created);
-    let wanted = meta_condition(&wanted.remove(0));
-    let unchanged = status.observed_generation == agent.metadata.generation
-        && status.conditions.iter().any(|c| {
-            c.type_ == "Ready"
-                && c.status == wanted.status
-                && c.reason == wanted.reason
-                && c.message == wanted.message
-                && c.observed_generation == wanted.observed_generation
-        });
-    if unchanged {
-        return Ok(Action::requeue(recheck));
-    }
-    // Keep the transition time while the status holds.
-    let mut wanted = wanted;
-    if let Some(old) = status
+    let previous: Vec<conditions::Condition> = status
         .conditions
         .iter()
-        .find(|c| c.type_ == "Ready" && c.status == wanted.status)
-    {
-        wanted.last_transition_time = old.last_transition_time.clone();
-    }
-    let mut conditions: Vec<_> = status
-        .conditions
-        .into_iter()
-        .filter(|c| c.type_ != "Ready")
+        .filter_map(core_condition)
         .collect();
-    conditions.push(wanted.clone());
+    let generation = agent.metadata.generation;
+    let settled = conditions::settle(&previous, vec![ready.clone()], generation, created);
+    if settled == previous && status.observed_generation == generation {
+        return Ok(Action::requeue(recheck));
+    }
     let next = AgentStatus {
-        conditions,
-        observed_generation: agent.metadata.generation,
+        conditions: settled.iter().map(meta_condition).collect(),
+        observed_generation: generation,
     };
     let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
     agents
@@ -141,10 +122,10 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
             &Patch::Merge(&json!({ "status": next })),
         )
         .await?;
-    if wanted.status == "True" {
+    if ready.status == Status::True {
         info!(agent = %format!("{ns}/{name}"), "agent valid");
     } else {
-        warn!(agent = %format!("{ns}/{name}"), reason = %wanted.reason, message = %wanted.message, "agent not ready");
+        warn!(agent = %format!("{ns}/{name}"), reason = %ready.reason, message = %ready.message, "agent not ready");
     }
     Ok(Action::requeue(recheck))
 }

@@ -380,14 +380,10 @@ impl KubeStore {
             seen.conditions.iter().filter_map(core_condition).collect();
         let mut next = conditions::of(state);
         next.extend(self.extra.iter().cloned());
-        let merged = conditions::merge(&previous, next, seen.generation, wall_now());
-        let mut out: Vec<MetaCondition> = merged.iter().map(meta_condition).collect();
-        for c in &seen.conditions {
-            if !out.iter().any(|o| o.type_ == c.type_) {
-                out.push(c.clone());
-            }
-        }
-        out
+        conditions::settle(&previous, next, seen.generation, wall_now())
+            .iter()
+            .map(meta_condition)
+            .collect()
     }
 
     /// Writes the conditions and `observedGeneration` when they differ
@@ -594,91 +590,107 @@ impl KubeStore {
         };
         let existing = match known {
             Some(c) => self.adopt(c, owner)?,
-            None => {
-                let object = Continuation {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        labels: Some(BTreeMap::from([(
-                            SESSION_LABEL.to_string(),
-                            owner.id.0.clone(),
-                        )])),
-                        owner_references: Some(vec![owner_reference(owner)]),
-                        ..Default::default()
-                    },
-                    spec: convert::continuation_spec(spec),
-                    status: None,
-                };
-                self.count_write();
-                match self
-                    .continuations
-                    .create(&PostParams::default(), &object)
-                    .await
-                {
-                    Ok(created) => {
-                        debug!(token = %name, session = %owner.id, "continuation created");
-                        created
-                    }
-                    // Created by a racing driver: adopt it like any other.
-                    Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
-                        let current = self
-                            .continuations
-                            .get_opt(name)
-                            .await
-                            .map_err(backend)?
-                            .ok_or_else(|| {
-                                StoreError::Backend(format!(
-                                    "continuation {name} was deleted while being adopted; try again"
-                                ))
-                            })?;
-                        self.adopt(current, owner)?
-                    }
-                    Err(e) => return Err(backend(e)),
-                }
-            }
+            None => self.create_continuation(owner, spec).await?,
         };
-        // What the call waits for now lives in status: set it when it
-        // differs (a new object, or an approved call now waiting for its runner).
+        self.set_wait(existing, spec).await
+    }
+
+    /// Creates the continuation, or adopts the one a racing driver created.
+    async fn create_continuation(
+        &self,
+        owner: &SessionRef,
+        spec: &ContinuationSpec,
+    ) -> StoreResult<Continuation> {
+        let name = &spec.token.0;
+        let object = Continuation {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    SESSION_LABEL.to_string(),
+                    owner.id.0.clone(),
+                )])),
+                owner_references: Some(vec![owner_reference(owner)]),
+                ..Default::default()
+            },
+            spec: convert::continuation_spec(spec),
+            status: None,
+        };
+        self.count_write();
+        match self
+            .continuations
+            .create(&PostParams::default(), &object)
+            .await
+        {
+            Ok(created) => {
+                debug!(token = %name, session = %owner.id, "continuation created");
+                Ok(created)
+            }
+            Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
+                let current = self
+                    .continuations
+                    .get_opt(name)
+                    .await
+                    .map_err(backend)?
+                    .ok_or_else(|| {
+                        StoreError::Backend(format!(
+                            "continuation {name} was deleted while being adopted; try again"
+                        ))
+                    })?;
+                self.adopt(current, owner)
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// What the call waits for now lives in status: set it when it differs
+    /// (a new object, or an approved call now waiting for its runner), and
+    /// read the continuation back.
+    async fn set_wait(
+        &self,
+        existing: Continuation,
+        spec: &ContinuationSpec,
+    ) -> StoreResult<ContinuationRecord> {
+        let name = &spec.token.0;
         let status = existing.status.clone().unwrap_or_default();
         let mut wanted = status.clone();
         convert::set_continuation_wait(&mut wanted, spec);
-        if status.outcome.is_none()
-            && (existing.status.is_none()
-                || wanted.waiting_for != status.waiting_for
-                || wanted.reason != status.reason
-                || wanted.expires_at != status.expires_at)
-        {
-            let body = json!({
-                "status": {
-                    "state": "Pending",
-                    "waitingFor": wanted.waiting_for,
-                    "reason": wanted.reason,
-                    "expiresAt": wanted.expires_at,
-                }
-            });
-            self.count_write();
-            match self
-                .continuations
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
-                Ok(updated) => return self.read_continuation(&updated).await,
-                // Completed meanwhile (the CEL rules refuse `Pending` next
-                // to an outcome): the stored object is what counts.
-                Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
-                    debug!(token = %name, reason = %s.message, "wait fields not written; reading back");
-                }
-                Err(e) => return Err(backend(e)),
-            }
-            let current = self
-                .continuations
-                .get_opt(name)
-                .await
-                .map_err(backend)?
-                .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
-            return self.read_continuation(&current).await;
+        let same = existing.status.is_some()
+            && wanted.waiting_for == status.waiting_for
+            && wanted.reason == status.reason
+            && wanted.expires_at == status.expires_at;
+        if status.outcome.is_some() || same {
+            return self.read_continuation(&existing).await;
         }
-        self.read_continuation(&existing).await
+        let body = json!({
+            "status": {
+                "state": "Pending",
+                "waitingFor": wanted.waiting_for,
+                "reason": wanted.reason,
+                "expiresAt": wanted.expires_at,
+            }
+        });
+        self.count_write();
+        match self
+            .continuations
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(updated) => return self.read_continuation(&updated).await,
+            // Completed meanwhile (the CEL rules refuse `Pending` next to an
+            // outcome): the stored object is what counts.
+            Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
+                debug!(token = %name, reason = %s.message, "wait fields not written; reading back");
+            }
+            Err(e) => return Err(backend(e)),
+        }
+        let current = self
+            .continuations
+            .get_opt(name)
+            .await
+            .map_err(backend)?
+            .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
+        self.read_continuation(&current).await
     }
 
     /// `c` if its controller owner is this very session (same UID).
@@ -1028,7 +1040,7 @@ pub fn meta_condition(c: &conditions::Condition) -> MetaCondition {
     }
 }
 
-fn core_condition(c: &MetaCondition) -> Option<conditions::Condition> {
+pub fn core_condition(c: &MetaCondition) -> Option<conditions::Condition> {
     let status = match c.status.as_str() {
         "True" => CondStatus::True,
         "False" => CondStatus::False,
