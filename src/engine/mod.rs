@@ -94,6 +94,29 @@ pub struct Ports<'a> {
     pub observer: &'a dyn Observer,
 }
 
+impl<'a> Ports<'a> {
+    /// A step's ports over one store (sessions, continuations and cache
+    /// alike), on the wall clock: what both drivers run.
+    pub fn over_store(
+        store: &'a dyn StorePorts,
+        model: &'a dyn ModelPort,
+        tools: &'a dyn ToolPort,
+        runner: &'a dyn RunnerPort,
+        observer: &'a dyn Observer,
+    ) -> Self {
+        Ports {
+            sessions: store,
+            continuations: store,
+            cache: store,
+            model,
+            tools,
+            runner,
+            clock: &SystemClock,
+            observer,
+        }
+    }
+}
+
 /// How a step ended: the core's [`Outlook`] once the actions are done.
 /// `Busy { at }`: step again then; `Waiting { wake_at }`: only the outside
 /// moves the session on (check deadlines at `wake_at`).

@@ -994,16 +994,7 @@ async fn step_session(
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
     };
-    let ports = Ports {
-        sessions: store,
-        continuations: store,
-        cache: store,
-        model: &model,
-        tools: &tools,
-        runner: &runner,
-        clock: &SystemClock,
-        observer: &observer,
-    };
+    let ports = Ports::over_store(store, &model, &tools, &runner, &observer);
     let roles = Roles {
         model: true,
         background: true,

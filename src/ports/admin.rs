@@ -3,7 +3,7 @@
 //! agent a stored session runs). Both stores implement it, so the CLI holds
 //! one `Box<dyn AdminPort>` whichever `--store` it was given.
 
-use super::{CachePort, ContinuationPort, SessionPort};
+use super::StorePorts;
 use crate::api::{AgentSpec, SessionSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::records::*;
@@ -34,7 +34,7 @@ pub enum AgentSource {
 /// input standalone).
 pub type InputChange<'a> = &'a (dyn Fn(&mut SessionInput) + Send + Sync);
 
-pub trait AdminPort: SessionPort + ContinuationPort + CachePort {
+pub trait AdminPort: StorePorts {
     /// True when an operator drives these sessions (the cluster): a command
     /// then changes what the user asked for and leaves the running to it.
     fn operator_driven(&self) -> bool;

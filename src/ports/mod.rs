@@ -73,6 +73,11 @@ pub trait ContinuationPort: Send + Sync {
     ) -> BoxFuture<'a, StoreResult<WriteOnce>>;
 }
 
+/// A store that serves a step's sessions, continuations and cache.
+pub trait StorePorts: SessionPort + ContinuationPort + CachePort {}
+
+impl<T: SessionPort + ContinuationPort + CachePort> StorePorts for T {}
+
 /// Results of calls with the `cache` decorator (keys carry their scope).
 pub trait CachePort: Send + Sync {
     fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>>;

@@ -173,16 +173,7 @@ async fn local_step(
         process: &opts.runner,
         container: &opts.container,
     };
-    let ports = Ports {
-        sessions: store,
-        continuations: store,
-        cache: store,
-        model: &model,
-        tools: &tools,
-        runner: &runner,
-        clock: &SystemClock,
-        observer: &report,
-    };
+    let ports = Ports::over_store(store, &model, &tools, &runner, &report);
     engine::step(&ports, id, rt, holder, roles).await
 }
 

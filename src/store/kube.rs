@@ -716,20 +716,8 @@ impl KubeStore {
         by: &str,
         now: Millis,
     ) -> StoreResult<WriteOnce> {
-        for _ in 0..MAX_RETRIES {
-            let Some(obj) = self
-                .continuations
-                .get_opt(&token.0)
-                .await
-                .map_err(backend)?
-            else {
-                return Err(StoreError::UnknownToken(token.clone()));
-            };
-            let rec = self.read_continuation(&obj).await?;
-            let verdict = acceptance::result(&rec.held(), result, by);
-            if verdict != Verdict::Write {
-                return WriteOnce::judged(token, verdict);
-            }
+        let judge = |rec: &ContinuationRecord| acceptance::result(&rec.held(), result, by);
+        let status = |obj: Continuation, rec: ContinuationRecord| async move {
             let mut value = convert::result_value(result);
             if serde_json::to_vec(&value).map_or(0, |v| v.len()) > CONTINUATION_INLINE_BYTES {
                 let blobs = spill::pack_result(&rec.spec.session.0, &mut value);
@@ -740,49 +728,16 @@ impl KubeStore {
                 };
                 self.put_blobs(&owner, blobs).await?;
             }
-            let body = json!({
-                "metadata": {"resourceVersion": obj.resource_version()},
-                "status": {
-                    "state": "Completed",
-                    "outcome": {
-                        "result": value,
-                        "completedBy": by,
-                        "completedAt": convert::time(now),
-                    }
+            Ok(json!({
+                "state": "Completed",
+                "outcome": {
+                    "result": value,
+                    "completedBy": by,
+                    "completedAt": convert::time(now),
                 }
-            });
-            self.count_write();
-            match self
-                .continuations
-                .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
-                Ok(_) => return Ok(WriteOnce::Recorded),
-                Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
-                Err(kube::Error::Api(s)) if s.code == 422 => {
-                    // The CEL rules: already completed (read back), or a
-                    // success result without an approval.
-                    let rec = self
-                        .get_continuation(token)
-                        .await?
-                        .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
-                    return match acceptance::result(&rec.held(), result, by) {
-                        Verdict::Write => Err(StoreError::NotAccepting {
-                            token: token.clone(),
-                            why: format!("the API server refused it: {}", s.message),
-                        }),
-                        verdict => WriteOnce::judged(token, verdict),
-                    };
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    return Err(StoreError::UnknownToken(token.clone()))
-                }
-                Err(e) => return Err(backend(e)),
-            }
-        }
-        Err(StoreError::Backend(format!(
-            "{token} kept changing while its result was written ({MAX_RETRIES} tries); try again"
-        )))
+            }))
+        };
+        self.write_once(token, "its result", judge, status).await
     }
 
     async fn decide_continuation(
@@ -790,6 +745,36 @@ impl KubeStore {
         token: &ContinuationToken,
         decision: &Decision,
     ) -> StoreResult<WriteOnce> {
+        let judge = |rec: &ContinuationRecord| acceptance::decision(&rec.held(), decision.approved);
+        let status = |_: Continuation, _: ContinuationRecord| async move {
+            Ok(json!({
+                "decision": {
+                    "approved": decision.approved,
+                    "by": decision.by,
+                    "reason": decision.reason,
+                    "decidedAt": convert::time(decision.at),
+                }
+            }))
+        };
+        self.write_once(token, "its decision", judge, status).await
+    }
+
+    /// One write-once write: read the continuation, ask the rules
+    /// (`judge`), and patch the `status` part over the version read. A lost
+    /// race re-reads; the CRD's rules refusing it (422) are judged again on
+    /// what is stored now.
+    async fn write_once<J, S, F>(
+        &self,
+        token: &ContinuationToken,
+        what: &str,
+        judge: J,
+        status: S,
+    ) -> StoreResult<WriteOnce>
+    where
+        J: Fn(&ContinuationRecord) -> Verdict,
+        S: Fn(Continuation, ContinuationRecord) -> F,
+        F: std::future::Future<Output = StoreResult<Value>>,
+    {
         for _ in 0..MAX_RETRIES {
             let Some(obj) = self
                 .continuations
@@ -800,20 +785,14 @@ impl KubeStore {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
             let rec = self.read_continuation(&obj).await?;
-            let verdict = acceptance::decision(&rec.held(), decision.approved);
+            let verdict = judge(&rec);
             if verdict != Verdict::Write {
                 return WriteOnce::judged(token, verdict);
             }
+            let version = obj.resource_version();
             let body = json!({
-                "metadata": {"resourceVersion": obj.resource_version()},
-                "status": {
-                    "decision": {
-                        "approved": decision.approved,
-                        "by": decision.by,
-                        "reason": decision.reason,
-                        "decidedAt": convert::time(decision.at),
-                    }
-                }
+                "metadata": {"resourceVersion": version},
+                "status": status(obj, rec).await?,
             });
             self.count_write();
             match self
@@ -828,10 +807,10 @@ impl KubeStore {
                         .get_continuation(token)
                         .await?
                         .ok_or_else(|| StoreError::UnknownToken(token.clone()))?;
-                    return match acceptance::decision(&rec.held(), decision.approved) {
+                    return match judge(&rec) {
                         Verdict::Write => Err(StoreError::NotAccepting {
                             token: token.clone(),
-                            why: format!("the API server refused the decision: {}", s.message),
+                            why: format!("the API server refused {what}: {}", s.message),
                         }),
                         verdict => WriteOnce::judged(token, verdict),
                     };
@@ -843,7 +822,7 @@ impl KubeStore {
             }
         }
         Err(StoreError::Backend(format!(
-            "{token} kept changing while its decision was written ({MAX_RETRIES} tries); try again"
+            "{token} kept changing while {what} was written ({MAX_RETRIES} tries); try again"
         )))
     }
 }
