@@ -1,7 +1,9 @@
 //! The engine's rules, each in a fast test over in-memory ports (no
-//! process, no cluster): conflict replay, a briefly unavailable store, the
-//! limit of that patience, claims between two racing drivers, the fence,
-//! and a step with nothing to do writing nothing.
+//! process, no cluster) and a manual clock: conflict replay, a briefly
+//! unavailable store, the limit of that patience, claims between two racing
+//! drivers, the fence, a step with nothing to do writing nothing, a state
+//! too large to store, cache serving, retries after their backoff, a
+//! deferred call's timeout, and the session deadline.
 
 use super::*;
 use crate::core::acceptance::{self, Verdict};
@@ -297,10 +299,12 @@ fn calls(names: &[&str]) -> AgentTurn {
     }
 }
 
-/// Tools that answer at once and count their runs per key.
+/// Tools that answer at once and count their runs per key; the first
+/// `failing` background or isolated attempts fail.
 #[derive(Default)]
 struct Tools {
     runs: Mutex<BTreeMap<String, u32>>,
+    failing: AtomicU32,
 }
 
 impl ToolPort for Tools {
@@ -335,7 +339,17 @@ impl RunnerPort for Tools {
             .unwrap()
             .entry(envelope.context.idempotency_key.clone())
             .or_insert(0) += 1;
-        Box::pin(async { RunStatus::Finished(ToolResult::text("ran")) })
+        let fails = self
+            .failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        Box::pin(async move {
+            RunStatus::Finished(if fails {
+                ToolResult::error("flaky")
+            } else {
+                ToolResult::text("ran")
+            })
+        })
     }
 }
 
@@ -610,4 +624,158 @@ async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
         report.outcome
     );
     assert_eq!(model.calls(), 1);
+}
+
+fn rule(tool: &str, disposition: crate::core::Disposition) -> crate::core::policy::Rule {
+    crate::core::policy::Rule {
+        tool: tool.into(),
+        disposition,
+        decorators: Default::default(),
+    }
+}
+
+/// Steps as a driver would, moving the clock to each wake-up, until the
+/// session is final or `steps` ran out.
+async fn run_to_end(
+    p: &Ports<'_>,
+    rt: &AgentRuntime,
+    clock: &ManualClock,
+    steps: usize,
+) -> StepOutcome {
+    let holder = Holder::named("h");
+    let mut last = None;
+    for _ in 0..steps {
+        let report = step(p, &id(), rt, &holder, Roles::ALL).await.unwrap();
+        match report.outcome {
+            StepOutcome::Busy { at }
+            | StepOutcome::Waiting {
+                wake_at: Some(at), ..
+            } => {
+                clock.sleep_until(at).await;
+                last = Some(report.outcome);
+            }
+            final_or_idle => return final_or_idle,
+        }
+    }
+    last.expect("at least one step")
+}
+
+#[tokio::test]
+async fn a_cached_result_is_served_without_running_the_tool_again() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["lookup"]), calls(&["lookup"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    let mut cached = rule("lookup", crate::core::Disposition::RunSync);
+    cached.decorators.cache = true;
+    rt.config.policy.rules.push(cached);
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let runs = tools.runs.lock().unwrap().clone();
+    assert_eq!(
+        runs.values().sum::<u32>(),
+        1,
+        "the second call came from the cache: {runs:?}"
+    );
+    let results: Vec<_> = store
+        .state()
+        .turns
+        .iter()
+        .filter_map(|t| match t {
+            crate::core::Turn::User(u) => u.tool_results.first().map(|r| r.result.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, vec![ToolResult::text("lookup done"); 2]);
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_retried_after_its_backoff_then_recorded() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["later"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    tools.failing.store(1, Ordering::SeqCst);
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    let mut retried = rule("later", crate::core::Disposition::RunAsync);
+    retried.decorators.retries = 1;
+    rt.config.policy.rules.push(retried);
+    let outcome = run_to_end(&p, &rt, &clock, 6).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let runs = tools.runs.lock().unwrap().clone();
+    assert_eq!(
+        runs.values().copied().collect::<Vec<_>>(),
+        vec![2],
+        "one key, two attempts"
+    );
+    assert!(clock.now().0 > 1_000, "the retry waited for its backoff");
+}
+
+#[tokio::test]
+async fn a_deferred_call_past_its_timeout_tells_the_model() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["ask"]), text("gave up")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    let mut timed = rule(
+        "ask",
+        crate::core::Disposition::Defer {
+            reason: "a person".into(),
+        },
+    );
+    timed.decorators.timeout_seconds = Some(30);
+    rt.config.policy.rules.push(timed);
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert!(
+        clock.now().0 >= 31_000,
+        "woke at the timeout: {:?}",
+        clock.now()
+    );
+    assert_eq!(model.calls(), 2);
+    let state = store.state();
+    let timed_out = state.turns.iter().find_map(|t| match t {
+        crate::core::Turn::User(u) => u.tool_results.first().map(|r| r.result.clone()),
+        _ => None,
+    });
+    assert!(
+        matches!(timed_out, Some(ToolResult::Error { .. })),
+        "{timed_out:?}"
+    );
+    assert_eq!(
+        tools.runs.lock().unwrap().len(),
+        0,
+        "a deferred call runs nothing here"
+    );
+}
+
+#[tokio::test]
+async fn the_session_deadline_fails_a_waiting_session() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["ask"]), text("never")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    rt.config.policy.rules.push(rule(
+        "ask",
+        crate::core::Disposition::Defer {
+            reason: "a person".into(),
+        },
+    ));
+    rt.config.limits.deadline = Some(Millis(11_000));
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(matches!(outcome, StepOutcome::Failed { .. }), "{outcome:?}");
+    assert!(clock.now().0 >= 11_000);
+    assert_eq!(model.calls(), 1, "the model is not asked past the deadline");
 }
