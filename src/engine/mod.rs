@@ -639,7 +639,7 @@ async fn perform(
         tool @ Action::RunTool { .. } => run_tool(p, sid, session, tool, replay).await?,
         Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
         Action::RunInBackground { envelope, attempt } => {
-            let timeout = attempt_timeout(&envelope);
+            let timeout = attempt_timeout(session, &envelope);
             let status = p
                 .runner
                 .start(RunKind::Background, &envelope, attempt, timeout)
@@ -652,7 +652,7 @@ async fn perform(
             spec,
             attempt,
         } => {
-            let timeout = attempt_timeout(&envelope);
+            let timeout = attempt_timeout(session, &envelope);
             let status = p
                 .runner
                 .start(RunKind::Isolated(&spec), &envelope, attempt, timeout)
@@ -764,9 +764,8 @@ async fn run_tool(
     let result = match cached {
         Some(r) => r,
         None => {
-            let timeout = Duration::from_secs(
-                timeout_seconds.unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
-            );
+            let default = session.config().default_tool_timeout_secs;
+            let timeout = Duration::from_secs(timeout_seconds.unwrap_or(default));
             p.tools.run(&tool_call, &idempotency_key, timeout).await
         }
     };
@@ -918,13 +917,16 @@ fn starts_work(action: &Action) -> bool {
     )
 }
 
-fn attempt_timeout(envelope: &crate::core::envelope::CallEnvelope) -> Duration {
+/// The call's `timeout` decorator, else the driver's default (the
+/// operator's `--job-active-deadline-seconds`).
+fn attempt_timeout(session: &Session, envelope: &crate::core::envelope::CallEnvelope) -> Duration {
+    let default = session.config().default_tool_timeout_secs;
     Duration::from_secs(
         envelope
             .policy
             .decorators
             .timeout_seconds
-            .unwrap_or(crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS),
+            .unwrap_or(default),
     )
 }
 

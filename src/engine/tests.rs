@@ -305,6 +305,8 @@ fn calls(names: &[&str]) -> AgentTurn {
 struct Tools {
     runs: Mutex<BTreeMap<String, u32>>,
     failing: AtomicU32,
+    /// The timeout each run was given.
+    timeouts: Mutex<Vec<std::time::Duration>>,
 }
 
 impl ToolPort for Tools {
@@ -312,8 +314,9 @@ impl ToolPort for Tools {
         &'a self,
         call: &'a ToolCall,
         key: &'a str,
-        _: std::time::Duration,
+        timeout: std::time::Duration,
     ) -> BoxFuture<'a, ToolResult> {
+        self.timeouts.lock().unwrap().push(timeout);
         *self
             .runs
             .lock()
@@ -331,8 +334,9 @@ impl RunnerPort for Tools {
         _: RunKind<'a>,
         envelope: &'a crate::core::envelope::CallEnvelope,
         _: u32,
-        _: std::time::Duration,
+        timeout: std::time::Duration,
     ) -> BoxFuture<'a, RunStatus> {
+        self.timeouts.lock().unwrap().push(timeout);
         *self
             .runs
             .lock()
@@ -778,4 +782,25 @@ async fn the_session_deadline_fails_a_waiting_session() {
     assert!(matches!(outcome, StepOutcome::Failed { .. }), "{outcome:?}");
     assert!(clock.now().0 >= 11_000);
     assert_eq!(model.calls(), 1, "the model is not asked past the deadline");
+}
+
+#[tokio::test]
+async fn a_tool_without_a_timeout_gets_the_drivers_default() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["now", "later"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let mut rt = runtime();
+    rt.config.default_tool_timeout_secs = 42;
+    rt.config
+        .policy
+        .rules
+        .push(rule("later", crate::core::Disposition::RunAsync));
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let given = tools.timeouts.lock().unwrap().clone();
+    assert_eq!(given, vec![std::time::Duration::from_secs(42); 2]);
 }

@@ -309,15 +309,15 @@ impl JobRunner {
     }
 
     /// `Err` with the message for the model when the image is not allowed.
+    /// Patterns match the image as written and in its full form
+    /// (`busybox` is `docker.io/library/busybox:latest`); `*` stops at `/`,
+    /// so `ghcr.io/acme/*` allows `ghcr.io/acme/tool:v1` and not
+    /// `ghcr.io/acme/../evil` or `ghcr.io/acme/x/y`. A lone `*` allows any.
     pub fn check_image(&self, image: &str) -> Result<(), String> {
         let Some(patterns) = &self.defaults.allowed_images else {
             return Ok(());
         };
-        let allowed = patterns.iter().any(|p| {
-            glob::Pattern::new(p)
-                .map(|p| p.matches(image))
-                .unwrap_or(false)
-        });
+        let allowed = image_allowed(patterns, image);
         if allowed {
             Ok(())
         } else {
@@ -1030,6 +1030,42 @@ impl RunnerPort for JobRunner {
     }
 }
 
+/// Whether `image` matches one of the allow-list's glob patterns.
+fn image_allowed(patterns: &[String], image: &str) -> bool {
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
+    let full = full_image_reference(image);
+    patterns.iter().any(|p| {
+        p == "*"
+            || glob::Pattern::new(p).is_ok_and(|p| {
+                !image.contains("..")
+                    && (p.matches_with(image, options) || p.matches_with(&full, options))
+            })
+    })
+}
+
+/// `busybox` as `docker.io/library/busybox:latest`, `acme/tool` as
+/// `docker.io/acme/tool:latest`, the registry host in lower case: the
+/// reference a container runtime pulls.
+fn full_image_reference(image: &str) -> String {
+    let (first, rest) = image.split_once('/').unwrap_or(("", image));
+    let is_host = first.contains('.') || first.contains(':') || first == "localhost";
+    let named = match (first.is_empty(), is_host) {
+        (true, _) => format!("docker.io/library/{rest}"),
+        (false, true) => format!("{}/{rest}", first.to_ascii_lowercase()),
+        (false, false) => format!("docker.io/{image}"),
+    };
+    let last = named.rsplit('/').next().unwrap_or_default();
+    if last.contains(':') || last.contains('@') {
+        named
+    } else {
+        format!("{named}:latest")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1221,12 +1257,43 @@ mod tests {
         );
         assert!(r.check_image("agents.local/busybox:ci").is_ok());
         assert!(r.check_image("ghcr.io/acme/tool:v1").is_ok());
+        // `*` does not cross a `/`, and `..` never passes.
+        for refused in ["agents.local/evil/busybox:ci", "agents.local/../busybox:ci"] {
+            assert!(r.check_image(refused).is_err(), "{refused}");
+        }
         let e = r.check_image("docker.io/library/alpine:3").unwrap_err();
         assert!(
             e.contains("not allowed") && e.contains("agents.local/*"),
             "{e}"
         );
         assert_eq!(r.with_namespace("other").namespace(), "other");
+    }
+
+    #[test]
+    fn images_are_compared_in_full() {
+        let list = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            full_image_reference("busybox"),
+            "docker.io/library/busybox:latest"
+        );
+        assert_eq!(
+            full_image_reference("acme/tool:v2"),
+            "docker.io/acme/tool:v2"
+        );
+        assert_eq!(
+            full_image_reference("GHCR.io/acme/t@sha256:ab"),
+            "ghcr.io/acme/t@sha256:ab"
+        );
+        assert!(image_allowed(&list(&["docker.io/library/*"]), "busybox"));
+        assert!(!image_allowed(
+            &list(&["docker.io/library/*"]),
+            "acme/busybox"
+        ));
+        assert!(image_allowed(&list(&["*"]), "any/thing/at:all"));
+        assert!(!image_allowed(
+            &list(&["ghcr.io/acme/*"]),
+            "ghcr.io/acme/x/y:1"
+        ));
     }
 
     fn job_with(conditions: serde_json::Value) -> Job {
