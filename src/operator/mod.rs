@@ -60,6 +60,8 @@ const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Recheck of a session whose agent or Secret is missing (the Agent watch
 /// wakes it sooner; Secrets are not watched: `get` is all we may do).
 const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
+/// Sessions whose consecutive failures are counted at once.
+const MAX_TRACKED_FAILURES: usize = 10_000;
 /// Requests that get no answer within this long fail (and are retried),
 /// instead of hanging on a dead connection.
 const API_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1157,6 +1159,11 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
     }
     let n = {
         let mut failures = ctx.failures.lock().expect("failures");
+        // Entries of sessions deleted while failing are never removed by a
+        // success: bound the map (a lost count only restarts a backoff).
+        if failures.len() >= MAX_TRACKED_FAILURES && !failures.contains_key(&key) {
+            failures.clear();
+        }
         let n = failures.entry(key.clone()).or_insert(0);
         *n += 1;
         *n

@@ -1107,11 +1107,22 @@ impl CachePort for KubeStore {
 /// sessions of different namespaces shares nothing across them.
 #[derive(Debug, Default)]
 pub struct MemoryCache {
-    entries: Mutex<HashMap<String, ToolResult>>,
+    entries: Mutex<CacheEntries>,
 }
 
-/// Entries kept before the oldest half is dropped; a miss only re-runs.
+#[derive(Debug, Default)]
+struct CacheEntries {
+    results: HashMap<String, ToolResult>,
+    bytes: usize,
+}
+
+/// Entries kept before the cache is dropped; a miss only re-runs.
 const CACHE_ENTRIES: usize = 4096;
+/// Bytes of results kept in all (one shared service, a fixed memory
+/// limit): past it the cache is dropped.
+pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// A result larger than this is not kept in memory at all.
+pub const CACHE_ENTRY_BYTES: usize = CACHE_BYTES / 16;
 
 impl CachePort for MemoryCache {
     fn lookup<'a>(&'a self, key: &'a CacheKey) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
@@ -1119,6 +1130,7 @@ impl CachePort for MemoryCache {
             .entries
             .lock()
             .expect("cache lock")
+            .results
             .get(&key.to_string())
             .cloned();
         Box::pin(async move { Ok(hit) })
@@ -1129,21 +1141,59 @@ impl CachePort for MemoryCache {
         result: &'a ToolResult,
         _now: Millis,
     ) -> BoxFuture<'a, StoreResult<()>> {
+        let size = result_bytes(result);
         let mut entries = self.entries.lock().expect("cache lock");
-        if entries.len() >= CACHE_ENTRIES {
-            warn!(entries = entries.len(), "result cache full; dropping it");
-            entries.clear();
+        if size > CACHE_ENTRY_BYTES || entries.results.contains_key(&key.to_string()) {
+            return Box::pin(async { Ok(()) });
         }
-        entries
-            .entry(key.to_string())
-            .or_insert_with(|| result.clone());
+        if entries.results.len() >= CACHE_ENTRIES || entries.bytes + size > CACHE_BYTES {
+            warn!(
+                entries = entries.results.len(),
+                bytes = entries.bytes,
+                "result cache full; dropping it"
+            );
+            *entries = CacheEntries::default();
+        }
+        entries.results.insert(key.to_string(), result.clone());
+        entries.bytes += size;
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// About what a result takes in memory.
+fn result_bytes(result: &ToolResult) -> usize {
+    match result {
+        ToolResult::Success { response } => response.size(),
+        ToolResult::Error { message } => message.len(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_memory_cache_is_bounded_in_bytes() {
+        let cache = MemoryCache::default();
+        let key = |i: usize| CacheKey {
+            tool: "t".into(),
+            arguments_sha256: format!("{i:064x}"),
+        };
+        let big = ToolResult::text("x".repeat(CACHE_ENTRY_BYTES + 1));
+        cache.remember(&key(0), &big, Millis(0)).await.unwrap();
+        assert_eq!(
+            cache.lookup(&key(0)).await.unwrap(),
+            None,
+            "too big to keep"
+        );
+        let part = ToolResult::text("y".repeat(CACHE_ENTRY_BYTES));
+        for i in 1..=16 {
+            cache.remember(&key(i), &part, Millis(0)).await.unwrap();
+        }
+        let held = cache.entries.lock().unwrap().bytes;
+        assert!(held <= CACHE_BYTES, "{held} bytes held");
+        assert_eq!(cache.lookup(&key(16)).await.unwrap(), Some(part));
+    }
 
     #[test]
     fn merge_patch_removes_what_the_new_status_drops() {
