@@ -168,3 +168,125 @@ async fn spec_edits_carry_the_version_they_read() {
     assert_eq!(now.spec.messages.len(), 2, "the other edit is kept");
     ns.delete(&client).await;
 }
+
+/// Serves one 1 GiB reply per request, with no `Content-Length` (it ends
+/// when the connection does), the bytes made as they are sent, until the
+/// client hangs up.
+fn gigabyte_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sent = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let counted = counted.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    line.clear();
+                }
+                let mut out = reader.into_inner();
+                let head =
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n";
+                if out.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let chunk = vec![b'x'; 64 * 1024];
+                for _ in 0..(1 << 14) {
+                    if out.write_all(&chunk).is_err() {
+                        return;
+                    }
+                    counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (port, sent)
+}
+
+fn peak_rss_mib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+/// One tenant's http tool answers with 1 GiB: that call fails with an
+/// error saying what was cut, the operator stays far under the chart's
+/// 256 MiB limit (its peak RSS is measured), and another namespace's
+/// session finishes as if nothing happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gigabyte_reply_fails_its_call_and_no_one_elses_work() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let hostile = TestNamespace::create(&client, "tenant-huge").await;
+    let neighbour = TestNamespace::create(&client, "tenant-calm").await;
+    let (port, sent) = gigabyte_server();
+    apply(
+        &hostile.name,
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: flood}}
+spec:
+  messages: ["fetch it all"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: dump, arguments: {{}}}}]
+          - text: that was too much
+    tools:
+      - name: dump
+        http: {{url: "http://127.0.0.1:{port}/dump"}}
+"#
+        ),
+    );
+    apply(
+        &neighbour.name,
+        THREE_ASKS.replace("defer", "runSync").as_str(),
+    );
+    let op = support::launcher::Operator::start(
+        BIN,
+        "tenant-huge",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &hostile.name, "-n", &neighbour.name],
+        &[],
+    );
+    let done = |ns: String, name: &'static str| {
+        let api: Api<Session> = Api::namespaced(client.clone(), &ns);
+        async move {
+            wait_until(Duration::from_secs(120), name, || async {
+                let s = api.get(name).await.ok()?;
+                let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+                (st["phase"] == "Succeeded").then_some(st)
+            })
+            .await
+        }
+    };
+    let flood = done(hostile.name.clone(), "flood").await;
+    let calm = done(neighbour.name.clone(), "asks").await;
+    let peak = peak_rss_mib(op.pid());
+    let message = flood["turns"][2]["toolResults"][0]["result"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let streamed = sent.load(std::sync::atomic::Ordering::Relaxed) >> 20;
+    eprintln!("operator peak RSS {peak} MiB; the server got {streamed} MiB out before the operator hung up");
+    assert!(message.contains("bytes"), "{message}");
+    assert_eq!(calm["answer"], "heard from all three");
+    assert!(peak < 200, "operator peak RSS {peak} MiB");
+    assert!(streamed < 512, "the reply was read whole: {streamed} MiB");
+    hostile.delete(&client).await;
+    neighbour.delete(&client).await;
+}
