@@ -290,3 +290,82 @@ spec:
     hostile.delete(&client).await;
     neighbour.delete(&client).await;
 }
+
+/// A finished session goes `ttlSecondsAfterFinished` after it finished;
+/// one that sets none follows the operator's default (here 10 minutes:
+/// still there); and the deletion takes its Continuations with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_sessions_go_after_their_ttl() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-ttl").await;
+    let short = THREE_ASKS.replace(
+        "name: asks}",
+        "name: short}\nspec:\n  ttlSecondsAfterFinished: 3",
+    );
+    let short = short.replacen("spec:\n  messages", "  messages", 1);
+    apply(&ns.name, &short);
+    apply(&ns.name, &THREE_ASKS.replace("defer", "runSync"));
+    let _op = support::launcher::Operator::start(
+        BIN,
+        "tenant-ttl",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name, "--finished-session-ttl-seconds", "600"],
+        &[],
+    );
+    let conts: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    wait_until(
+        Duration::from_secs(60),
+        "short's three waiting calls",
+        || async {
+            let list = conts.list(&Default::default()).await.ok()?;
+            (list.items.len() == 3).then_some(())
+        },
+    )
+    .await;
+    let done = json!({"status": "success", "response": {"type": "text", "content": "yes"}});
+    for i in 0..3 {
+        let mut body = outcome(done.clone());
+        body["status"]["outcome"]["completedBy"] = json!("ann");
+        conts
+            .patch_status(
+                &format!("short-t1-c{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&body),
+            )
+            .await
+            .unwrap();
+    }
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    wait_until(
+        Duration::from_secs(60),
+        "short to finish and go",
+        || async {
+            sessions
+                .get_opt("short")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "its Continuations to go with it",
+        || async {
+            let list = conts.list(&Default::default()).await.ok()?;
+            list.items.is_empty().then_some(())
+        },
+    )
+    .await;
+    let kept = sessions.get("asks").await.unwrap();
+    let phase = serde_json::to_value(kept.status.unwrap()).unwrap()["phase"].clone();
+    assert_eq!(
+        phase, "Succeeded",
+        "the session without a TTL of its own is kept"
+    );
+    ns.delete(&client).await;
+}

@@ -61,6 +61,13 @@ pub struct SessionSpec {
     /// (it compares it with `status.retriesSeen`). It can only go up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<u32>,
+    /// Delete the session (and with it its Continuations) this many seconds
+    /// after it Succeeded or Failed, as `ttlSecondsAfterFinished` does for
+    /// Jobs. Unset: the operator's `--finished-session-ttl-seconds`, and by
+    /// default finished sessions are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 31_536_000))]
+    pub ttl_seconds_after_finished: Option<u64>,
 }
 
 /// The CEL rule on `spec.messages`: the old list is a prefix of the new one.

@@ -118,6 +118,11 @@ pub struct OperatorArgs {
     /// Sessions there could then send any of them to a URL of their choosing).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub secrets_need_label: bool,
+    /// Delete finished sessions (Succeeded or Failed) this many seconds after
+    /// they finish, where their spec.ttlSecondsAfterFinished says nothing.
+    /// Unset: they are kept.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    pub finished_session_ttl_seconds: Option<u64>,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,

@@ -41,6 +41,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         max_calls_per_reply: args.max_calls_per_reply,
         secrets_need_label: args.secrets_need_label,
+        finished_session_ttl_seconds: args.finished_session_ttl_seconds,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -72,6 +72,7 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         paused: false,
         limits: None,
         retry: None,
+        ttl_seconds_after_finished: None,
     };
     let created = SystemClock.now();
     let definition = crate::agent::Definition {

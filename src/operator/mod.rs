@@ -108,6 +108,9 @@ pub struct Options {
     pub max_calls_per_reply: u32,
     /// Agents may use only Secrets labelled [`USABLE_BY_AGENTS`].
     pub secrets_need_label: bool,
+    /// Finished sessions without `spec.ttlSecondsAfterFinished` are deleted
+    /// this many seconds after they finish; `None` keeps them.
+    pub finished_session_ttl_seconds: Option<u64>,
 }
 
 impl Default for Options {
@@ -126,6 +129,7 @@ impl Default for Options {
             max_concurrent_reconciles: 16,
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
             secrets_need_label: true,
+            finished_session_ttl_seconds: None,
         }
     }
 }
@@ -907,6 +911,13 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         // Its continuations go by garbage collection; its runs by the sweep.
         return Ok(Action::await_change());
     }
+    let ttl = session
+        .spec
+        .ttl_seconds_after_finished
+        .or(ctx.options.finished_session_ttl_seconds);
+    if let Some(wait) = retention_wait(&session, ttl, SystemClock.now()) {
+        return retain_or_delete(&ctx, &session, &ns, wait).await;
+    }
     let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
@@ -935,7 +946,67 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         wrote = report.writes > 0 || settled,
         "step"
     );
-    Ok(requeue_for(&report.outcome, SystemClock.now()))
+    let finished = matches!(
+        report.outcome,
+        StepOutcome::Succeeded { .. } | StepOutcome::Failed { .. }
+    );
+    Ok(match ttl {
+        // Looked at again once the status carries when it finished.
+        Some(secs) if finished => Action::requeue(Duration::from_secs(secs.max(1))),
+        _ => requeue_for(&report.outcome, SystemClock.now()),
+    })
+}
+
+/// How long until a finished session is due for deletion under `ttl`
+/// seconds (zero: now); `None` while it is not finished, is kept, or was
+/// asked to retry.
+fn retention_wait(
+    session: &Session,
+    ttl: Option<u64>,
+    now: crate::core::Millis,
+) -> Option<Duration> {
+    let ttl = ttl?;
+    let status = session.status.as_ref()?;
+    if session.spec.retry.unwrap_or(0) > status.retries_seen {
+        return None;
+    }
+    let finished = status
+        .conditions
+        .iter()
+        .filter(|c| (c.type_ == "Succeeded" || c.type_ == "Failed") && c.status == "True")
+        .map(|c| crate::api::convert::millis(&c.last_transition_time))
+        .max()?;
+    let due = finished.plus_secs(ttl);
+    Some(Duration::from_millis((due.0 - now.0).max(0) as u64))
+}
+
+/// Deletes a finished session whose time has come (this very one: its
+/// UID is the precondition), or looks again when it comes.
+async fn retain_or_delete(
+    ctx: &Context,
+    session: &Session,
+    ns: &str,
+    wait: Duration,
+) -> Result<Action, Error> {
+    if !wait.is_zero() {
+        return Ok(Action::requeue(wait));
+    }
+    let api: Api<Session> = Api::namespaced(ctx.client.clone(), ns);
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: session.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&session.name_any(), &params).await {
+        Ok(_) => {
+            info!(session = %format!("{ns}/{}", session.name_any()), "finished session deleted (ttlSecondsAfterFinished)");
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => return Err(Error::Kube(e)),
+    }
+    Ok(Action::await_change())
 }
 
 /// A session whose agent cannot run now: its `Ready=False` condition (and

@@ -93,6 +93,9 @@ app.kubernetes.io/component: operator
 - --max-calls-per-reply={{ . | int }}
 {{- end }}
 - --secrets-need-label={{ .Values.operator.secretsNeedLabel }}
+{{- if not (kindIs "invalid" .Values.operator.finishedSessionTTLSeconds) }}
+- --finished-session-ttl-seconds={{ .Values.operator.finishedSessionTTLSeconds | int }}
+{{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
