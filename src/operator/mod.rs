@@ -457,6 +457,7 @@ pub async fn run_with(
         &health,
         format!("watch sessions/{scope}"),
     )
+    .modify(keep_what_reconcile_reads)
     .reflect(writer)
     .applied_objects();
     let controller = Controller::for_stream(session_events, sessions.clone());
@@ -642,6 +643,29 @@ async fn resync_loop(
             }
             tokio::time::sleep(pace).await;
         }
+    }
+}
+
+/// What the operator keeps of each watched Session: its identity, how it
+/// names its agent, its phase, conditions and counters. Every step reads
+/// the session afresh, so the conversation (status turns, messages), the
+/// managed fields and kubectl's last-applied copy are dropped as they
+/// arrive: memory grows with the number of sessions, not their length.
+fn keep_what_reconcile_reads(session: &mut Session) {
+    session.metadata.managed_fields = None;
+    if let Some(notes) = session.metadata.annotations.as_mut() {
+        notes.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    session.spec.messages = Vec::new();
+    if let Some(status) = session.status.take() {
+        session.status = Some(crate::api::SessionStatus {
+            phase: status.phase,
+            conditions: status.conditions,
+            observed_generation: status.observed_generation,
+            paused: status.paused,
+            retries_seen: status.retries_seen,
+            ..Default::default()
+        });
     }
 }
 
