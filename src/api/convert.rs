@@ -43,15 +43,8 @@ const DEFAULT_DEFER_REASON: &str = "waiting for an outside party";
 
 // ---- agent -> session config ------------------------------------------
 
-/// The core's configuration for a session run by `agent`.
-pub fn session_config(
-    agent_name: Option<&str>,
-    agent: &AgentSpec,
-    limits: Option<&LimitsSpec>,
-    created_at: Millis,
-    field: &str,
-) -> Result<SessionConfig, ConvertError> {
-    let policy = policy(&agent.policy, &format!("{field}.policy"))?;
+/// The agent's tools by name; each has exactly one kind and a name of its own.
+fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInfo>, ConvertError> {
     let mut tools = BTreeMap::new();
     for (i, tool) in agent.tools.iter().enumerate() {
         let at = format!("{field}.tools[{i}]");
@@ -77,8 +70,17 @@ pub fn session_config(
             ));
         }
     }
-    // Every tool that would run isolated must know where.
-    for (name, info) in &tools {
+    Ok(tools)
+}
+
+/// Every tool that would run isolated must know where (an image or a
+/// command, from its rule or its own container).
+fn every_isolated_tool_has_a_place(
+    policy: &Policy,
+    tools: &BTreeMap<String, ToolInfo>,
+    field: &str,
+) -> Result<(), ConvertError> {
+    for (name, info) in tools {
         let probe = ToolCall {
             model_call_id: String::new(),
             name: name.clone(),
@@ -102,6 +104,20 @@ pub fn session_config(
             }
         }
     }
+    Ok(())
+}
+
+/// The core's configuration for a session run by `agent`.
+pub fn session_config(
+    agent_name: Option<&str>,
+    agent: &AgentSpec,
+    limits: Option<&LimitsSpec>,
+    created_at: Millis,
+    field: &str,
+) -> Result<SessionConfig, ConvertError> {
+    let policy = policy(&agent.policy, &format!("{field}.policy"))?;
+    let tools = tool_infos(agent, field)?;
+    every_isolated_tool_has_a_place(&policy, &tools, field)?;
     // A tool fed a secret (an env var or a header from a Secret) may give
     // answers that depend on it: such results are never cached.
     let context_has_secrets = agent.tools.iter().any(|t| {

@@ -834,29 +834,7 @@ pub fn judge(
         return from_terminated(pod, t, token, None);
     }
     if let Some((reason, message)) = failed {
-        if reason == "DeadlineExceeded" {
-            let secs = job
-                .spec
-                .as_ref()
-                .and_then(|s| s.active_deadline_seconds)
-                .unwrap_or_default();
-            return Verdict::Done(ToolResult::error(format!(
-                "the tool did not finish within its timeout of {secs} s: the deadline passed and \
-                 its Job was stopped (DeadlineExceeded)"
-            )));
-        }
-        if let Some((pod, t)) = ended {
-            return from_terminated(pod, t, token, Some((reason, message)));
-        }
-        for pod in pods {
-            if let Some(v) = pod_failure(pod) {
-                return Verdict::Done(ToolResult::error(v));
-            }
-        }
-        return Verdict::Done(ToolResult::error(format!(
-            "the tool's pod failed or was deleted before it reported a result (Job failed: \
-             {reason}: {message})"
-        )));
+        return judge_failed(job, pods, ended, token, (reason, message));
     }
     // The tool reported before the Job controller noticed: the result is
     // final (restartPolicy Never), no need to wait for the Job's condition.
@@ -869,51 +847,86 @@ pub fn judge(
         }
     }
     // Running: is a pod stuck on something that will not come?
-    for pod in pods {
-        let age = pod
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| now - t.0.as_second())
-            .unwrap_or(0);
-        let statuses = pod
-            .status
-            .iter()
-            .flat_map(|s| {
-                s.init_container_statuses
-                    .iter()
-                    .flatten()
-                    .chain(s.container_statuses.iter().flatten())
-            })
-            .collect::<Vec<_>>();
-        for c in statuses {
-            let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
-                continue;
-            };
-            let reason = w.reason.as_deref().unwrap_or("");
-            let now_fatal = STUCK_AT_ONCE.contains(&reason);
-            let late = STUCK_AFTER_GRACE.contains(&reason) && age >= grace.as_secs() as i64;
-            if now_fatal || late {
-                let config = reason.starts_with("CreateContainer") || reason == "RunContainerError";
-                let what = match (c.name == TOOL_CONTAINER, config) {
-                    (true, false) => format!("the tool's image {}", c.image),
-                    (true, true) => "the tool's container".to_string(),
-                    (false, false) => format!("the agents (wrapper) image {}", c.image),
-                    (false, true) => "the wrapper's init container".to_string(),
-                };
-                let detail = w.message.as_deref().unwrap_or("");
-                let hint = if config {
-                    "check the Secrets and keys the tool's env names"
-                } else {
-                    "check the image name, and that the node has it or can pull it (imagePullSecrets)"
-                };
-                return Verdict::Stuck(format!(
-                    "the tool's pod could not start: {what}: {reason}: {detail} ({hint})"
-                ));
-            }
-        }
+    match pods.iter().find_map(|pod| stuck(pod, now, grace)) {
+        Some(why) => Verdict::Stuck(why),
+        None => Verdict::Running,
     }
-    Verdict::Running
+}
+
+/// A failed Job: its deadline, the tool's own ending, or its pod's failure.
+fn judge_failed(
+    job: &Job,
+    pods: &[Pod],
+    ended: Option<(&Pod, &k8s_openapi::api::core::v1::ContainerStateTerminated)>,
+    token: &ContinuationToken,
+    (reason, message): (&str, &str),
+) -> Verdict {
+    if reason == "DeadlineExceeded" {
+        let secs = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.active_deadline_seconds)
+            .unwrap_or_default();
+        return Verdict::Done(ToolResult::error(format!(
+            "the tool did not finish within its timeout of {secs} s: the deadline passed and \
+             its Job was stopped (DeadlineExceeded)"
+        )));
+    }
+    if let Some((pod, t)) = ended {
+        return from_terminated(pod, t, token, Some((reason, message)));
+    }
+    if let Some(why) = pods.iter().find_map(pod_failure) {
+        return Verdict::Done(ToolResult::error(why));
+    }
+    Verdict::Done(ToolResult::error(format!(
+        "the tool's pod failed or was deleted before it reported a result (Job failed: \
+         {reason}: {message})"
+    )))
+}
+
+/// Why `pod` will not start: a container waiting on what will not come (a
+/// missing image, a bad config), at once or past the grace.
+fn stuck(pod: &Pod, now: i64, grace: Duration) -> Option<String> {
+    let age = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| now - t.0.as_second())
+        .unwrap_or(0);
+    let statuses = pod.status.iter().flat_map(|s| {
+        s.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten())
+    });
+    for c in statuses {
+        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = w.reason.as_deref().unwrap_or("");
+        let now_fatal = STUCK_AT_ONCE.contains(&reason);
+        let late = STUCK_AFTER_GRACE.contains(&reason) && age >= grace.as_secs() as i64;
+        if !(now_fatal || late) {
+            continue;
+        }
+        let config = reason.starts_with("CreateContainer") || reason == "RunContainerError";
+        let what = match (c.name == TOOL_CONTAINER, config) {
+            (true, false) => format!("the tool's image {}", c.image),
+            (true, true) => "the tool's container".to_string(),
+            (false, false) => format!("the agents (wrapper) image {}", c.image),
+            (false, true) => "the wrapper's init container".to_string(),
+        };
+        let detail = w.message.as_deref().unwrap_or("");
+        let hint = if config {
+            "check the Secrets and keys the tool's env names"
+        } else {
+            "check the image name, and that the node has it or can pull it (imagePullSecrets)"
+        };
+        return Some(format!(
+            "the tool's pod could not start: {what}: {reason}: {detail} ({hint})"
+        ));
+    }
+    None
 }
 
 /// What a failed pod without a finished tool container says.

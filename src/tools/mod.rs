@@ -231,34 +231,11 @@ impl Toolbox {
         idempotency_key: &str,
         lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> ToolResult {
-        let client = match &self.http {
-            Some(c) => c.clone(),
-            None => match http_client() {
-                Ok(c) => c,
-                Err(e) => return ToolResult::error(format!("no HTTP client: {e}")),
-            },
+        let request = match self.http_request(url, headers, idempotency_key, lookup) {
+            Ok(r) => r,
+            Err(refused) => return refused,
         };
-        let mut request = client
-            .post(url)
-            // Lets the service drop a repeated delivery of the same call.
-            .header("Idempotency-Key", idempotency_key);
-        for h in headers {
-            let value = match h.resolve(lookup) {
-                Ok(v) => v,
-                Err(e) => return ToolResult::error(format!("header {e}")),
-            };
-            let Ok(mut value) = reqwest::header::HeaderValue::from_str(&value) else {
-                return ToolResult::error(format!(
-                    "header {:?}: its value is not a valid HTTP header value",
-                    h.name
-                ));
-            };
-            // Kept out of debug output; redirects never leave the origin.
-            value.set_sensitive(h.secret.is_some());
-            request = request.header(h.name.as_str(), value);
-        }
-        let response = request.json(args).send().await;
-        let mut response = match response {
+        let mut response = match request.json(args).send().await {
             Ok(r) => r,
             Err(e) => return ToolResult::error(format!("POST {url} failed: {e}")),
         };
@@ -267,49 +244,99 @@ impl Toolbox {
             return ToolResult::error(http::redirect_refused(&format!("POST {url}"), &response));
         }
         if !status.is_success() {
-            let body = match http::read_at_most(&mut response, http::ERROR_BODY_BYTES).await {
-                Ok(b) => b,
-                Err(e) => {
-                    return ToolResult::error(format!(
-                        "POST {url} answered {status}; reading its reply failed: {e}"
-                    ))
-                }
-            };
-            let text = String::from_utf8_lossy(&body.bytes);
-            let snippet = http::clip(&text, QUOTE_BYTES);
-            let more = if snippet.len() < text.len() || body.cut {
-                "… (cut)"
-            } else {
-                ""
-            };
-            return ToolResult::error(format!("POST {url} answered {status}: {snippet}{more}"));
+            return error_reply(url, status, &mut response).await;
         }
-        let is_json = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("json"));
-        let body = match http::read_capped(&mut response, MAX_REPLY_BYTES).await {
-            Ok(Ok(b)) => b,
-            Ok(Err(too_large)) => {
-                return ToolResult::error(format!(
-                    "POST {url} {}. Have the tool answer with less (a page of results, a \
-                     summary, or where to fetch the rest)",
-                    too_large.describe("an http tool's reply", MAX_REPLY_BYTES)
-                ))
-            }
-            Err(e) => return ToolResult::error(format!("reading the reply of {url}: {e}")),
-        };
-        if is_json && body.len() <= JSON_PARSE_BYTES {
-            if let Ok(content) = serde_json::from_slice(&body) {
-                return ToolResult::ok(ToolResponse::Json { content });
-            }
-        }
-        ToolResult::text(match String::from_utf8(body) {
-            Ok(text) => text,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        })
+        success_reply(url, &mut response).await
     }
+
+    /// The POST to `url`, with its idempotency key and its headers (secret
+    /// ones marked sensitive), or the error result that says which header
+    /// cannot be sent.
+    fn http_request(
+        &self,
+        url: &str,
+        headers: &[EnvVarSpec],
+        idempotency_key: &str,
+        lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<reqwest::RequestBuilder, ToolResult> {
+        let client = match &self.http {
+            Some(c) => c.clone(),
+            None => http_client().map_err(|e| ToolResult::error(format!("no HTTP client: {e}")))?,
+        };
+        let mut request = client
+            .post(url)
+            // Lets the service drop a repeated delivery of the same call.
+            .header("Idempotency-Key", idempotency_key);
+        for h in headers {
+            let value = h
+                .resolve(lookup)
+                .map_err(|e| ToolResult::error(format!("header {e}")))?;
+            let Ok(mut value) = reqwest::header::HeaderValue::from_str(&value) else {
+                return Err(ToolResult::error(format!(
+                    "header {:?}: its value is not a valid HTTP header value",
+                    h.name
+                )));
+            };
+            // Kept out of debug output; redirects never leave the origin.
+            value.set_sensitive(h.secret.is_some());
+            request = request.header(h.name.as_str(), value);
+        }
+        Ok(request)
+    }
+}
+
+/// A 4xx or 5xx answer: an error quoting the start of its (bounded) body.
+async fn error_reply(
+    url: &str,
+    status: reqwest::StatusCode,
+    response: &mut reqwest::Response,
+) -> ToolResult {
+    let body = match http::read_at_most(response, http::ERROR_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ToolResult::error(format!(
+                "POST {url} answered {status}; reading its reply failed: {e}"
+            ))
+        }
+    };
+    let text = String::from_utf8_lossy(&body.bytes);
+    let snippet = http::clip(&text, QUOTE_BYTES);
+    let more = if snippet.len() < text.len() || body.cut {
+        "… (cut)"
+    } else {
+        ""
+    };
+    ToolResult::error(format!("POST {url} answered {status}: {snippet}{more}"))
+}
+
+/// A 2xx answer read up to the cap: JSON when it says so and parses, text
+/// otherwise, an error past the cap.
+async fn success_reply(url: &str, response: &mut reqwest::Response) -> ToolResult {
+    let is_json = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let body = match http::read_capped(response, MAX_REPLY_BYTES).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(too_large)) => {
+            return ToolResult::error(format!(
+                "POST {url} {}. Have the tool answer with less (a page of results, a \
+                 summary, or where to fetch the rest)",
+                too_large.describe("an http tool's reply", MAX_REPLY_BYTES)
+            ))
+        }
+        Err(e) => return ToolResult::error(format!("reading the reply of {url}: {e}")),
+    };
+    if is_json && body.len() <= JSON_PARSE_BYTES {
+        if let Ok(content) = serde_json::from_slice(&body) {
+            return ToolResult::ok(ToolResponse::Json { content });
+        }
+    }
+    ToolResult::text(match String::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 /// The client of the http tools: redirects only within the URL's origin
