@@ -369,3 +369,47 @@ async fn finished_sessions_go_after_their_ttl() {
     );
     ns.delete(&client).await;
 }
+
+/// A session whose stored state was broken by hand (a deferred call
+/// without its token) cannot go on: it ends `Failed`, saying what is
+/// wrong, instead of being retried for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_cannot_go_on_fails_saying_why() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-broken").await;
+    apply(&ns.name, THREE_ASKS);
+    let _op = support::launcher::Operator::start(
+        BIN,
+        "tenant-broken",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name],
+        &[],
+    );
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    wait_until(Duration::from_secs(60), "the session to wait", || async {
+        let s = sessions.get("asks").await.ok()?;
+        let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+        (st["phase"] == "Waiting").then_some(())
+    })
+    .await;
+    let broken = serde_json::from_value(json!([
+        {"op": "remove", "path": "/status/openTurn/calls/0/token"}
+    ]))
+    .unwrap();
+    sessions
+        .patch_status("asks", &PatchParams::default(), &Patch::<()>::Json(broken))
+        .await
+        .unwrap();
+    let failed = wait_until(Duration::from_secs(60), "the session to fail", || async {
+        let s = sessions.get("asks").await.ok()?;
+        let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+        (st["phase"] == "Failed").then_some(st)
+    })
+    .await;
+    let why = failed["failure"].as_str().unwrap_or_default();
+    assert!(why.contains("is Deferred but has no token"), "{why}");
+    ns.delete(&client).await;
+}

@@ -60,6 +60,10 @@ const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Recheck of a session whose agent or Secret is missing (the Agent watch
 /// wakes it sooner; Secrets are not watched: `get` is all we may do).
 const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
+/// Steps of one session that may fail in a row (for a reason of its own)
+/// before the session is failed: a failure repeats a counted number of
+/// times, never for ever.
+const MAX_FAILED_RECONCILES: u32 = 8;
 /// Sessions whose consecutive failures are counted at once.
 const MAX_TRACKED_FAILURES: usize = 10_000;
 /// Requests that get no answer within this long fail (and are retried),
@@ -209,6 +213,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// An error that says something about this session, not about the API
+    /// server being away, a lost race or the fence: repeated, it fails the
+    /// session.
+    fn counts_against_the_session(&self) -> bool {
+        !self.is_transient()
+            && !matches!(
+                self,
+                Error::Engine(EngineError::TooManyConflicts(_))
+                    | Error::Engine(EngineError::Fenced { .. })
+                    | Error::Engine(EngineError::Store(StoreError::Conflict { .. }))
+                    | Error::Store(StoreError::Conflict { .. })
+            )
+    }
+
     /// The API server (or its etcd) is away or throttling for now.
     fn is_transient(&self) -> bool {
         match self {
@@ -1217,6 +1235,52 @@ async fn publish(
     }
 }
 
+/// Ends a session that cannot go on as `Failed`, saying why: through the
+/// core's state when it can be read and written, else by its phase alone.
+/// A session already final is left as it is.
+async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) {
+    let (Some(ns), name) = (session.namespace(), session.name_any()) else {
+        return;
+    };
+    let store = KubeStore::new(ctx.client.clone(), &ns);
+    let id = SessionId(name.clone());
+    let failed_by_the_core = match crate::ports::SessionPort::load(&store, &id).await {
+        Ok(Some(loaded)) if loaded.value.state.phase.is_final() => return,
+        Ok(Some(loaded)) => {
+            let mut record = loaded.value;
+            record.state.fail(reason.clone());
+            record.updated_at = SystemClock.now();
+            crate::ports::SessionPort::save(&store, &record, &loaded.version)
+                .await
+                .is_ok()
+        }
+        _ => false,
+    };
+    if !failed_by_the_core {
+        let api: Api<Session> = Api::namespaced(ctx.client.clone(), &ns);
+        let body = serde_json::json!({"status": {"phase": "Failed", "failure": reason}});
+        if let Err(e) = api
+            .patch_status(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+        {
+            warn!(session = %format!("{ns}/{name}"), error = %e, "could not mark the session Failed");
+            return;
+        }
+    }
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "SessionFailed".into(),
+        note: Some(reason.chars().take(900).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    publish(&ctx, &session.object_ref(&()), event).await;
+}
+
 fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconciled(false);
     ctx.metrics.reconcile_error(match error {
@@ -1232,7 +1296,12 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
         session.name_any()
     );
     if error.is_permanent() {
-        warn!(session = %key, error = %error, "reconcile failed; not retried until the session changes or {INVALID_RECHECK:?} pass");
+        warn!(session = %key, error = %error, "reconcile failed; the session fails");
+        tokio::spawn(fail_session(
+            ctx.clone(),
+            session.clone(),
+            error.to_string(),
+        ));
         let ctx = ctx.clone();
         let reference = session.object_ref(&());
         let note = error.to_string();
@@ -1263,6 +1332,13 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
         *n += 1;
         *n
     };
+    if n >= MAX_FAILED_RECONCILES && error.counts_against_the_session() {
+        warn!(session = %key, error = %error, attempts = n, "reconcile failed too often; the session fails");
+        ctx.failures.lock().expect("failures").remove(&key);
+        let reason = format!("{n} steps in a row failed; the last: {error}");
+        tokio::spawn(fail_session(ctx.clone(), session.clone(), reason));
+        return Action::requeue(Duration::from_secs(5));
+    }
     // While the API server is away, look again every few seconds: the
     // session resumes within seconds of its return, not a minute later.
     let cap = if error.is_transient() {
