@@ -21,6 +21,7 @@ const ORDER: &[&str] = &[
     "core",
     "api",
     "ports",
+    "http",
     "model",
     "tools",
     "store",
@@ -38,21 +39,22 @@ const ORDER: &[&str] = &[
 
 /// What each top-level module may import (besides itself).
 fn allowed(module: &str) -> &'static [&'static str] {
-    const ADAPTER: &[&str] = &["core", "api", "ports", "model", "tools"];
+    const ADAPTER: &[&str] = &["core", "api", "ports", "http", "model", "tools"];
     let below = |m: &str| &ORDER[..ORDER.iter().position(|o| *o == m).unwrap()];
     match module {
         "core" => &[],
         "api" => &["core"],
         "ports" => &["core", "api"],
-        "model" | "tools" => &["core", "ports"],
+        "http" => &[],
+        "model" | "tools" => &["core", "ports", "http"],
         "store" | "runner" => ADAPTER,
         "engine" => &["core", "ports"],
-        "agent" => &["core", "api", "ports", "model", "tools"],
+        "agent" => &["core", "api", "ports", "http", "model", "tools"],
         "lease" | "observe" => &["core", "ports", "engine"],
         // The drivers: everything below them but each other.
         "operator" => below("operator"),
         "standalone" => &[
-            "core", "api", "ports", "model", "tools", "store", "runner", "engine", "agent",
+            "core", "api", "ports", "http", "model", "tools", "store", "runner", "engine", "agent",
         ],
         "cli" | "lib" | "main" => below(module),
         other => panic!("src/{other}: a module this test does not place; add it to a layer"),

@@ -14,6 +14,7 @@
 
 use super::{ModelError, ModelRequest};
 use crate::core::{AgentTurn, TokenUsage, ToolCall, Turn, UserTurn};
+use crate::http::{self, clip};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::fmt;
@@ -36,14 +37,6 @@ const QUOTE_BYTES: usize = 200;
 /// under one memory limit. A longer reply is a permanent failure of the
 /// call: reading stops at this size, and the endpoint is not asked again.
 pub const MAX_MODEL_REPLY_BYTES: usize = 4 * 1024 * 1024;
-
-/// At most this many bytes of an error (non-2xx) body are read: enough for
-/// any API's JSON error object. The rest is never read.
-const ERROR_BODY_BYTES: usize = 64 * 1024;
-
-/// Redirects followed at most, each to the scheme, host and port first
-/// asked; a redirect anywhere else comes back unfollowed, as a failure.
-const MAX_REDIRECTS: usize = 5;
 
 /// A chat-completions client. The API key never appears in `Debug` output
 /// or in error messages.
@@ -75,16 +68,7 @@ impl OpenAiModel {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             // Never to another host: the API key goes with each request.
-            .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let first = attempt.previous().first().map(|u| u.origin());
-                if first.is_some_and(|o| o == attempt.url().origin())
-                    && attempt.previous().len() <= MAX_REDIRECTS
-                {
-                    attempt.follow()
-                } else {
-                    attempt.stop()
-                }
-            }))
+            .redirect(http::redirect_policy())
             .build()
             .expect("a default HTTP client builds");
         OpenAiModel {
@@ -190,11 +174,11 @@ impl OpenAiModel {
                     let limit = if status.is_success() {
                         MAX_MODEL_REPLY_BYTES
                     } else {
-                        ERROR_BODY_BYTES
+                        http::ERROR_BODY_BYTES
                     };
-                    match read_at_most(&mut response, limit).await {
+                    match http::read_at_most(&mut response, limit).await {
                         Err(e) => Err(self.transport_error(&url, &e)),
-                        Ok((_, true)) if status.is_success() => Err(too_long(
+                        Ok(body) if body.cut && status.is_success() => Err(too_long(
                             &url,
                             status,
                             &format!(
@@ -203,7 +187,7 @@ impl OpenAiModel {
                                 MAX_MODEL_REPLY_BYTES >> 20
                             ),
                         )),
-                        Ok((bytes, cut)) => classify(&url, status, retry_after, &bytes, cut, key),
+                        Ok(body) => classify(&url, status, retry_after, &body.bytes, body.cut, key),
                     }
                 }
             }
@@ -233,28 +217,6 @@ fn user_messages(turn: &UserTurn) -> impl Iterator<Item = &str> {
     turn.message.as_deref().into_iter()
 }
 
-/// Reads `response`'s body, keeping at most `limit` bytes; once more
-/// arrives it stops reading (the rest is never received) and says so
-/// (`true`). Memory stays within `limit` plus one chunk, whatever the
-/// server sends.
-async fn read_at_most(
-    response: &mut reqwest::Response,
-    limit: usize,
-) -> reqwest::Result<(Vec<u8>, bool)> {
-    let announced = response.content_length();
-    let mut bytes =
-        Vec::with_capacity(announced.map_or(8 * 1024, |n| n.min(limit as u64) as usize));
-    while let Some(chunk) = response.chunk().await? {
-        let room = limit - bytes.len();
-        if chunk.len() > room {
-            bytes.extend_from_slice(&chunk[..room]);
-            return Ok((bytes, true));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok((bytes, false))
-}
-
 /// A reply over [`MAX_MODEL_REPLY_BYTES`]: permanent, so it is not asked
 /// (and billed) again.
 fn too_long(url: &str, status: StatusCode, what: &str) -> ModelError {
@@ -275,9 +237,10 @@ fn redirect_refused(url: &str, response: &reqwest::Response) -> ModelError {
         .unwrap_or_default();
     ModelError::permanent(format!(
         "POST {url} answered {}, a redirect{location}, which was not followed: redirects are \
-         followed only to the same scheme, host and port, at most {MAX_REDIRECTS} times, so \
+         followed only to the same scheme, host and port, at most {} times, so \
          that the API key never goes to another host; check spec.model.openai.baseUrl",
-        response.status()
+        response.status(),
+        http::MAX_REDIRECTS
     ))
 }
 
@@ -394,16 +357,6 @@ fn quote(body: &[u8], more: bool, key: Option<&str>) -> String {
     } else {
         format!("{cut:?}")
     }
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a
-/// character boundary.
-fn clip(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 fn redact(s: &str, key: Option<&str>) -> String {

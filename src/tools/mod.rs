@@ -6,10 +6,9 @@
 //! redirects only within the URL's origin; see [`http`]): a server the
 //! tenant chose can fail its own call, never the process.
 
-pub mod http;
-
 use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
+use crate::http;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -575,7 +574,7 @@ mod tests {
 
     #[tokio::test]
     async fn http_replies_are_bounded_and_redirects_stay_at_home() {
-        use super::http::tests::server;
+        use crate::http::tests::server;
         use std::sync::atomic::Ordering;
         let args = &Map::new();
         let call = |url: String| async move {

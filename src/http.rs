@@ -1,6 +1,6 @@
-//! Bounded HTTP for the `http` tool kind, whose server a user chose. (The
-//! OpenAI-compatible model client, `crate::model`, keeps the same bounds
-//! with its own few lines: the layers keep the two adapters apart.)
+//! Bounded HTTP for every server a user chose: the `http` tool kind and
+//! the OpenAI-compatible model client (`crate::model`) both read through
+//! these (capped bodies, same-origin redirects only).
 //!
 //! The operator serves every namespace from one pod with a memory limit,
 //! so nothing a tenant's server sends is held whole before it is measured:
