@@ -157,3 +157,149 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     );
     assert_eq!(results[1]["result"]["status"], "error", "{results}");
 }
+
+/// A Job that ends while its session is paused has its result recorded
+/// then (its pod could be gone by resume time), its Job gets its TTL only
+/// once the result is recorded, and resuming runs nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ends_while_paused_has_its_result_kept() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let Some(image) = support::agents_image() else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "isopause").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let _op = Operator::start(&ns.name, &kubeconfig, &image, "pause");
+    let manifest = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: held}}
+spec:
+  messages: ["count"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: slow, arguments: {{}}}}]
+          - text: counted while paused
+    tools:
+      - name: slow
+        container:
+          image: {BUSYBOX_IMAGE}
+          command: ["/bin/sh", "-c", "sleep 6; echo slow result"]
+    policy:
+      default: runIsolated
+"#
+    );
+    let file = std::env::temp_dir().join(format!("agents-isopause-{}.yaml", ns.name));
+    std::fs::write(&file, manifest).unwrap();
+    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    let job_of = || {
+        let jobs = kubectl_ok([
+            "get",
+            "jobs",
+            "-n",
+            &ns.name,
+            "-l",
+            "agents-exe.io/continuation=held-t1-c0",
+            "-o",
+            "json",
+        ]);
+        let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+        jobs["items"].as_array().unwrap().clone()
+    };
+    let mut jobs = Vec::new();
+    for _ in 0..120 {
+        jobs = job_of();
+        if !jobs.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert_eq!(jobs.len(), 1, "the call's Job appeared");
+    assert!(
+        jobs[0]["spec"]["ttlSecondsAfterFinished"].is_null(),
+        "a running Job has no TTL: {}",
+        jobs[0]["spec"]
+    );
+    kubectl_ok([
+        "patch",
+        "session",
+        "held",
+        "-n",
+        &ns.name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"paused":true}}"#,
+    ]);
+    // The Job ends (6 s) while paused; its result lands in the Continuation.
+    let mut outcome = String::new();
+    for _ in 0..90 {
+        outcome = kubectl_ok([
+            "get",
+            "continuation",
+            "held-t1-c0",
+            "-n",
+            &ns.name,
+            "-o",
+            "jsonpath={.status.outcome.result.response.content}",
+        ]);
+        if !outcome.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    assert_eq!(
+        outcome.trim(),
+        "slow result",
+        "the result was recorded while paused"
+    );
+    let session = kubectl_ok(["get", "session", "held", "-n", &ns.name, "-o", "json"]);
+    let session: serde_json::Value = serde_json::from_str(&session).unwrap();
+    assert_eq!(session["spec"]["paused"], true, "still paused");
+    assert_ne!(
+        session["status"]["phase"], "Succeeded",
+        "paused: no model turn"
+    );
+    let mut ttl = serde_json::Value::Null;
+    for _ in 0..20 {
+        ttl = job_of()[0]["spec"]["ttlSecondsAfterFinished"].clone();
+        if !ttl.is_null() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert_eq!(
+        ttl, 3600,
+        "the Job gets its TTL once its result is recorded"
+    );
+    kubectl_ok([
+        "patch",
+        "session",
+        "held",
+        "-n",
+        &ns.name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"paused":false}}"#,
+    ]);
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "session/held",
+        "--timeout=60s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(job_of().len(), 1, "resuming ran nothing again");
+}

@@ -1188,3 +1188,52 @@ fn re_issuing_work_under_way_changes_nothing_to_write() {
         .any(|a| matches!(a, Action::RunInBackground { .. })));
     assert_eq!(again.state(), &stored, "no new claim, no write");
 }
+
+#[test]
+fn a_paused_session_collects_what_runs_and_starts_nothing() {
+    let mut s = started(config());
+    reply(&mut s, vec![call("m", "bash", "{}")]);
+    assert!(drain(&mut s)
+        .iter()
+        .any(|a| matches!(a, Action::LaunchIsolated { attempt: 1, .. })));
+    s.handle(Event::Pause, T0).unwrap();
+    s.replan(T0.plus_secs(1));
+    let planned = drain(&mut s);
+    assert!(
+        planned.iter().all(|a| !a.starts_work()),
+        "paused: nothing starts: {planned:?}"
+    );
+    assert!(
+        planned.iter().any(|a| matches!(
+            a,
+            Action::Collect {
+                attempt: 1,
+                isolated: Some(_),
+                ..
+            }
+        )),
+        "paused: the running attempt is collected: {planned:?}"
+    );
+    let out = s
+        .handle(
+            Event::AttemptFinished {
+                token: token("t1-c0"),
+                attempt: 1,
+                result: ToolResult::text("done while paused"),
+            },
+            T0.plus_secs(2),
+        )
+        .unwrap();
+    assert_eq!(out, Handled::Wake(WakeOutcome::Applied));
+    let after = drain(&mut s);
+    assert!(
+        after
+            .iter()
+            .any(|a| matches!(a, Action::RecordResult { .. })),
+        "the result is recorded while paused: {after:?}"
+    );
+    assert!(
+        after.iter().all(|a| !matches!(a, Action::CallModel { .. })),
+        "the model waits for resume: {after:?}"
+    );
+}

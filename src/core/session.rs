@@ -305,6 +305,16 @@ pub enum Action {
         spec: IsolationSpec,
         attempt: u32,
     },
+    /// While paused: take the result of an attempt already under way, if
+    /// it has ended, and start nothing (answer with `AttemptFinished`).
+    /// A result that ends while the session is paused is kept then, not
+    /// left to a runner that may lose it (a Job's pod removed).
+    Collect {
+        envelope: CallEnvelope,
+        /// The isolation of an isolated call; `None` for a background run.
+        isolated: Option<IsolationSpec>,
+        attempt: u32,
+    },
     /// Write this final result into the continuation (the core decided it:
     /// a runner's result after retries, a timeout, a denial).
     RecordResult {
@@ -701,6 +711,9 @@ impl Session {
                 deferred_attempt(&envelope.token, *attempt)
             }
             Action::LaunchIsolated {
+                envelope, attempt, ..
+            }
+            | Action::Collect {
                 envelope, attempt, ..
             } => deferred_attempt(&envelope.token, *attempt),
             _ => true,
@@ -1320,6 +1333,39 @@ impl Session {
         (planned, starts)
     }
 
+    /// While paused: a `Collect` for every attempt this driver runs that may
+    /// be under way (none retries; nothing new starts).
+    fn plan_collects(&mut self) {
+        let collects: Vec<Action> = self
+            .state
+            .open
+            .iter()
+            .flat_map(|o| o.calls.iter())
+            .filter(|c| c.state == CallState::Deferred && c.retry_at.is_none() && self.runs_here(c))
+            .flat_map(|c| run_action(&self.state.id, &self.config, c))
+            .filter_map(|a| match a {
+                Action::RunInBackground { envelope, attempt } => Some(Action::Collect {
+                    envelope,
+                    isolated: None,
+                    attempt,
+                }),
+                Action::LaunchIsolated {
+                    envelope,
+                    spec,
+                    attempt,
+                } => Some(Action::Collect {
+                    envelope,
+                    isolated: Some(spec),
+                    attempt,
+                }),
+                _ => None,
+            })
+            .collect();
+        for a in collects {
+            self.push(a);
+        }
+    }
+
     /// The model call this driver may start now, with its claim taken.
     fn plan_model(&mut self, now: Millis, ensure: bool) -> Option<Action> {
         let role = &self.config.driver;
@@ -1349,7 +1395,11 @@ impl Session {
     pub fn replan(&mut self, now: Millis) {
         self.actions
             .retain(|a| matches!(a, Action::RecordResult { .. } | Action::StoreCache { .. }));
-        if self.state.paused || self.state.phase.is_final() {
+        if self.state.phase.is_final() {
+            return;
+        }
+        if self.state.paused {
+            self.plan_collects();
             return;
         }
         self.dispatch(now);

@@ -660,8 +660,29 @@ async fn perform(
             let by = p.runner.label(RunKind::Isolated(&spec));
             finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
         }
+        Action::Collect {
+            envelope,
+            isolated,
+            attempt,
+        } => {
+            let kind = match &isolated {
+                Some(spec) => RunKind::Isolated(spec),
+                None => RunKind::Background,
+            };
+            let status = p.runner.collect(kind, &envelope, attempt).await;
+            let by = p.runner.label(kind);
+            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
+        }
         Action::RecordResult { token, result, by } => {
-            record_result(p, sid, &token, &result, &by).await?
+            // Known at the step's start: the turn may have closed since.
+            let isolated = ctx
+                .known_waits
+                .iter()
+                .any(|(t, w)| t == &token && *w == Some(WaitingFor::Isolated));
+            record_result(p, sid, &token, &result, &by).await?;
+            if isolated {
+                p.runner.release(&token).await;
+            }
         }
         Action::StoreCache { key, result } => {
             patiently(p.clock, "caching a result", || {

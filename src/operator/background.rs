@@ -95,6 +95,19 @@ impl Background {
         RunStatus::InFlight
     }
 
+    /// The run's result if it has ended here; starts nothing.
+    fn collect(&self, uid: &str, envelope: &CallEnvelope, attempt: u32) -> RunStatus {
+        let key = RunKey {
+            uid: uid.to_string(),
+            token: envelope.token.0.clone(),
+            attempt,
+        };
+        match self.runs.lock().expect("runs lock").get(&key) {
+            Some(Run::Finished(result)) => RunStatus::Finished(result.clone()),
+            _ => RunStatus::InFlight,
+        }
+    }
+
     /// Drops finished results of `uid` that its state no longer waits for
     /// (the step recorded them).
     pub fn prune(&self, uid: &str, state: &SessionState) {
@@ -180,6 +193,29 @@ impl RunnerPort for SessionRunner {
                     Box::pin(async { RunStatus::InFlight })
                 }
             },
+        }
+    }
+
+    fn collect<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+    ) -> BoxFuture<'a, RunStatus> {
+        match (kind, &self.jobs) {
+            (RunKind::Background, _) => {
+                let status = self.background.collect(&self.uid, envelope, attempt);
+                Box::pin(async move { status })
+            }
+            (RunKind::Isolated(_), Some(jobs)) => jobs.collect(kind, envelope, attempt),
+            (RunKind::Isolated(_), None) => Box::pin(async { RunStatus::InFlight }),
+        }
+    }
+
+    fn release<'a>(&'a self, token: &'a crate::core::ContinuationToken) -> BoxFuture<'a, ()> {
+        match &self.jobs {
+            Some(jobs) => jobs.release(token),
+            None => Box::pin(async {}),
         }
     }
 

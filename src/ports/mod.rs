@@ -148,6 +148,28 @@ pub trait RunnerPort: Send + Sync {
         timeout: Duration,
     ) -> BoxFuture<'a, RunStatus>;
 
+    /// The result of an attempt already under way, if it has ended; never
+    /// starts anything (a paused session collects, it does not start). A
+    /// runner that cannot tell says `InFlight`: the attempt is taken up
+    /// again at resume.
+    fn collect<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+    ) -> BoxFuture<'a, RunStatus> {
+        let _ = (kind, envelope, attempt);
+        Box::pin(async { RunStatus::InFlight })
+    }
+
+    /// The call's result is recorded: what the runner kept for it (a Job
+    /// and its pod) may now go. Runs once at most; a failure is the
+    /// runner's to log.
+    fn release<'a>(&'a self, token: &'a ContinuationToken) -> BoxFuture<'a, ()> {
+        let _ = token;
+        Box::pin(async {})
+    }
+
     /// How results of this runner are labelled in progress lines.
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {

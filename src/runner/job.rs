@@ -32,7 +32,10 @@
 //! on adoption), labelled [`LABEL_CONTINUATION`], [`LABEL_ATTEMPT`] and
 //! [`LABEL_ROLE`]`=tool` (select them with [`TOOL_JOB_SELECTOR`]),
 //! `backoffLimit: 0` (retries are the engine's decorator),
-//! `activeDeadlineSeconds` from the timeout, `ttlSecondsAfterFinished`.
+//! `activeDeadlineSeconds` from the timeout. No `ttlSecondsAfterFinished`
+//! at first: a finished Job holds the result until it is recorded, however
+//! long the session is paused or the operator is away. Once the result is
+//! recorded, [`JobRunner::release`] gives the call's Jobs their TTL.
 //!
 //! [`JobRunner::start`] creates the Job or adopts the one that exists, and
 //! reports how it ended. Every way a pod can fail becomes an error result
@@ -179,8 +182,8 @@ pub struct JobDefaults {
     /// Requests of the tool container, where the tool sets no limit for the
     /// resource (a limit the tool sets is also its request).
     pub requests: BTreeMap<String, String>,
-    /// Finished Jobs (and their pods) are deleted this long after they end:
-    /// their result must be recorded before.
+    /// Finished Jobs (and their pods) are deleted this long after their
+    /// call's result is recorded (kept for `kubectl logs`).
     pub ttl_seconds_after_finished: i32,
     /// How long a pod may wait on a missing or unpullable image or a bad
     /// configuration (a missing Secret) before the call fails.
@@ -376,7 +379,6 @@ impl JobRunner {
             "spec": {
                 "backoffLimit": 0,
                 "activeDeadlineSeconds": deadline,
-                "ttlSecondsAfterFinished": self.defaults.ttl_seconds_after_finished,
                 "template": {
                     "metadata": {"labels": labels, "annotations": pod_annotations},
                     "spec": self.pod_spec(spec, input_volume)?,
@@ -557,6 +559,53 @@ impl JobRunner {
                 Err(e) => api_failure(&format!("reading Job {name}"), e),
             },
             Err(e) => api_failure(&format!("creating Job {name}"), e),
+        }
+    }
+
+    /// The attempt's Job as it stands, if it exists; creates nothing.
+    pub async fn collect_isolated(&self, token: &ContinuationToken, attempt: u32) -> RunStatus {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = job_name(token, attempt);
+        let job = match jobs.get_opt(&name).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return RunStatus::InFlight,
+            Err(e) => return api_failure(&format!("reading Job {name}"), e),
+        };
+        match self.owner(token).await {
+            Step::Go(owner) => self.status_of(&job, token, &owner).await,
+            Step::Done(_) => RunStatus::InFlight,
+        }
+    }
+
+    /// The call's result is recorded: its Jobs (every attempt) get their
+    /// TTL and go with their pods once it passes.
+    pub async fn release_jobs(&self, token: &ContinuationToken) {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        let selector = format!(
+            "{LABEL_CONTINUATION}={},{TOOL_JOB_SELECTOR}",
+            token_label(token)
+        );
+        let listed = match jobs.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(%token, error = %e, "listing the call's Jobs to release them; they stay until the session goes");
+                return;
+            }
+        };
+        let ttl =
+            json!({"spec": {"ttlSecondsAfterFinished": self.defaults.ttl_seconds_after_finished}});
+        for job in listed.iter().filter(|j| {
+            j.spec
+                .as_ref()
+                .is_some_and(|s| s.ttl_seconds_after_finished.is_none())
+        }) {
+            let name = job.metadata.name.clone().unwrap_or_default();
+            if let Err(e) = jobs
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&ttl))
+                .await
+            {
+                tracing::warn!(job = %name, error = %e, "giving the Job its TTL; it stays until the session goes");
+            }
         }
     }
 
@@ -1041,6 +1090,24 @@ impl RunnerPort for JobRunner {
             }
         })
     }
+
+    fn collect<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        envelope: &'a CallEnvelope,
+        attempt: u32,
+    ) -> BoxFuture<'a, RunStatus> {
+        Box::pin(async move {
+            match kind {
+                RunKind::Isolated(_) => self.collect_isolated(&envelope.token, attempt).await,
+                RunKind::Background => RunStatus::InFlight,
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, token: &'a ContinuationToken) -> BoxFuture<'a, ()> {
+        Box::pin(self.release_jobs(token))
+    }
 }
 
 /// Whether `image` matches one of the allow-list's glob patterns.
@@ -1169,7 +1236,8 @@ mod tests {
         assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
         assert_eq!(v["spec"]["backoffLimit"], 0);
         assert_eq!(v["spec"]["activeDeadlineSeconds"], 31);
-        assert_eq!(v["spec"]["ttlSecondsAfterFinished"], 3600);
+        // No TTL until the result is recorded (`release_jobs`).
+        assert!(v["spec"].get("ttlSecondsAfterFinished").is_none());
         let pod = &v["spec"]["template"];
         assert_eq!(pod["metadata"]["annotations"][ANNOTATION_ENVELOPE], text);
         let ps = &pod["spec"];
