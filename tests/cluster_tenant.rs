@@ -7,6 +7,7 @@ mod support;
 use agents::api::{Continuation, Session};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
+use sha2::Digest;
 use std::time::Duration;
 use support::{kubectl_ok, wait_until, TestNamespace};
 
@@ -126,6 +127,90 @@ async fn bad_results_fail_only_their_call() {
         &message(2)[8000..]
     );
     assert_eq!(done["answer"], "heard from all three");
+    ns.delete(&client).await;
+}
+
+/// A spill marker may name only blobs of its own session: a valid blob
+/// owned by another session (here one the tenant made to look like it) is
+/// refused, and the call fails saying whose it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_cannot_pull_in_another_sessions_blob() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::io::Write;
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-blob").await;
+    apply(&ns.name, THREE_ASKS);
+    let other = THREE_ASKS.replace("name: asks}", "name: other}");
+    apply(&ns.name, &other);
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let other_uid = sessions.get("other").await.unwrap().metadata.uid.unwrap();
+    // A valid blob, as the store writes them, owned by the other session.
+    let secret = serde_json::to_vec(&json!({"type": "text", "content": "other's secret"})).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&secret).unwrap();
+    let packed = gz.finish().unwrap();
+    let sha: String = sha2::Sha256::digest(&secret)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "other-blob", "ownerReferences": [{
+            "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
+            "name": "other", "uid": other_uid}]},
+    }))
+    .unwrap();
+    cm.binary_data = Some([("data.gz".to_string(), k8s_openapi::ByteString(packed))].into());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    cms.create(&Default::default(), &cm).await.unwrap();
+    let _op = support::launcher::Operator::start(
+        BIN,
+        "tenant-blob",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name],
+        &[],
+    );
+    let conts: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
+    wait_until(Duration::from_secs(60), "waiting calls", || async {
+        let list = conts.list(&Default::default()).await.ok()?;
+        (list.items.len() == 6).then_some(())
+    })
+    .await;
+    let marker = json!({"status": "success", "response": {"spilled": {
+        "blobs": ["other-blob"], "sha256": sha, "bytes": secret.len()}}});
+    let plain = json!({"status": "success", "response": {"type": "text", "content": "ok"}});
+    let pp = PatchParams::default();
+    for (token, result) in [
+        ("asks-t1-c0", marker),
+        ("asks-t1-c1", plain.clone()),
+        ("asks-t1-c2", plain),
+    ] {
+        conts
+            .patch_status(token, &pp, &Patch::Merge(&outcome(result)))
+            .await
+            .unwrap_or_else(|e| panic!("{token}: {e}"));
+    }
+    let done = wait_until(
+        Duration::from_secs(90),
+        "the session to succeed",
+        || async {
+            let s = sessions.get("asks").await.ok()?;
+            let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+            (st["phase"] == "Succeeded").then_some(st)
+        },
+    )
+    .await;
+    let first = done["turns"][2]["toolResults"][0]["result"].clone();
+    let text = first.to_string();
+    assert!(!text.contains("other's secret"), "{text}");
+    assert!(
+        first["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("is not this session's")),
+        "{text}"
+    );
     ns.delete(&client).await;
 }
 

@@ -190,7 +190,8 @@ impl KubeStore {
         let mut obj = obj.clone();
         if let Some(status) = obj.status.as_mut() {
             let name = obj.metadata.name.clone().unwrap_or_default();
-            spill::unpack(status, |blob| self.fetch_blob(blob))
+            let uid = obj.metadata.uid.clone().unwrap_or_default();
+            spill::unpack(status, |blob| self.fetch_blob(&uid, blob))
                 .await
                 .map_err(|why| StoreError::Corrupt {
                     what: format!("session {name} (spilled status)"),
@@ -207,8 +208,10 @@ impl KubeStore {
     /// the session carries on.
     async fn read_continuation(&self, c: &Continuation) -> StoreResult<ContinuationRecord> {
         let mut c = c.clone();
+        let uid = controller_uid(&c).unwrap_or_default();
         if let Some(outcome) = c.status.as_mut().and_then(|s| s.outcome.as_mut()) {
-            let unpacked = spill::unpack_result(&mut outcome.result, |blob| self.fetch_blob(blob));
+            let unpacked =
+                spill::unpack_result(&mut outcome.result, |blob| self.fetch_blob(&uid, blob));
             if let Err(why) = unpacked.await {
                 outcome.result = convert::result_value(&malformed(&outcome.completed_by, &why));
             }
@@ -216,8 +219,11 @@ impl KubeStore {
         continuation_record(&c)
     }
 
-    async fn fetch_blob(&self, name: String) -> Result<Vec<u8>, String> {
-        if let Some(b) = self.blobs.lock().expect("blobs lock").get(&name) {
+    /// A blob of the session with `uid`: a ConfigMap it owns, so a marker
+    /// cannot pull another session's data (or any other ConfigMap) in.
+    async fn fetch_blob(&self, uid: &str, name: String) -> Result<Vec<u8>, String> {
+        let key = blob_key(uid, &name);
+        if let Some(b) = self.blobs.lock().expect("blobs lock").get(&key) {
             return Ok(b.clone());
         }
         let cm = self
@@ -226,6 +232,13 @@ impl KubeStore {
             .await
             .map_err(|e| format!("reading ConfigMap {name}: {e}"))?
             .ok_or_else(|| format!("ConfigMap {name} holding spilled data is missing"))?;
+        let owned = cm.owner_references().iter().any(|o| o.uid == uid);
+        if uid.is_empty() || !owned {
+            return Err(format!(
+                "ConfigMap {name} is not this session's (it is not owned by session uid {uid}); \
+                 spilled data is read only from the session's own blobs"
+            ));
+        }
         let data = cm
             .binary_data
             .and_then(|mut d| d.remove(BLOB_KEY))
@@ -234,7 +247,7 @@ impl KubeStore {
         self.blobs
             .lock()
             .expect("blobs lock")
-            .insert(name, data.clone());
+            .insert(key, data.clone());
         Ok(data)
     }
 
@@ -243,12 +256,8 @@ impl KubeStore {
     /// so an existing one already holds these bytes.
     async fn put_blobs(&self, owner: &SessionRef, blobs: Vec<Blob>) -> StoreResult<()> {
         for blob in blobs {
-            if self
-                .blobs
-                .lock()
-                .expect("blobs lock")
-                .contains_key(&blob.name)
-            {
+            let key = blob_key(&owner.uid, &blob.name);
+            if self.blobs.lock().expect("blobs lock").contains_key(&key) {
                 continue;
             }
             let cm = ConfigMap {
@@ -284,7 +293,7 @@ impl KubeStore {
             self.blobs
                 .lock()
                 .expect("blobs lock")
-                .insert(blob.name, blob.data);
+                .insert(key, blob.data);
         }
         Ok(())
     }
@@ -325,7 +334,8 @@ impl KubeStore {
         let mut status = convert::session_status(&record.state);
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
-        let blobs = spill::pack(&mut status, &id.0, spill::STATUS_BUDGET_BYTES);
+        let prefix = blob_prefix(&id.0, &record.uid);
+        let blobs = spill::pack(&mut status, &prefix, spill::STATUS_BUDGET_BYTES);
         let owner = SessionRef {
             id: id.clone(),
             namespace: self.namespace.clone(),
@@ -720,12 +730,13 @@ impl KubeStore {
         let status = |obj: Continuation, rec: ContinuationRecord| async move {
             let mut value = convert::result_value(result);
             if serde_json::to_vec(&value).map_or(0, |v| v.len()) > CONTINUATION_INLINE_BYTES {
-                let blobs = spill::pack_result(&rec.spec.session.0, &mut value);
                 let owner = SessionRef {
                     id: rec.spec.session.clone(),
                     namespace: self.namespace.clone(),
                     uid: controller_uid(&obj).unwrap_or_default(),
                 };
+                let prefix = blob_prefix(&owner.id.0, &owner.uid);
+                let blobs = spill::pack_result(&prefix, &mut value);
                 self.put_blobs(&owner, blobs).await?;
             }
             Ok(json!({
@@ -939,6 +950,22 @@ fn session_input(spec: &SessionSpec) -> SessionInput {
 }
 
 /// The UID of the object's controller owner.
+/// Blob names start with the session's name and the head of its UID: a
+/// session re-created under its name never meets the old one's blobs.
+fn blob_prefix(session: &str, uid: &str) -> String {
+    let head: String = uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
+    format!("{session}-{}", head.to_ascii_lowercase())
+}
+
+/// The cache key of a blob: blobs are shared only within their session.
+fn blob_key(uid: &str, name: &str) -> String {
+    format!("{uid}/{name}")
+}
+
 fn controller_uid(c: &Continuation) -> Option<String> {
     c.owner_references()
         .iter()
