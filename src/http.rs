@@ -16,10 +16,16 @@
 //!   of the URL asked, at most [`MAX_REDIRECTS`] times, so a server cannot
 //!   bounce the runtime, and the secret headers it sends, to another host
 //!   (an internal address, say). The 3xx itself comes back to the caller,
-//!   which says so in its error ([`redirect_refused`]).
+//!   which says so in its error ([`redirect_refused`]);
+//! - where the operator lists the URLs http tools may call
+//!   ([`allow::AllowedUrls`]), a redirect is followed only to a listed URL
+//!   ([`redirect_policy_within`]).
+
+pub mod allow;
 
 use reqwest::redirect::{Attempt, Policy};
 use reqwest::Response;
+use std::sync::Arc;
 
 /// At most this many bytes of an error (non-2xx) body are read: enough for
 /// a JSON error object from any API, little enough that a hostile server's
@@ -33,13 +39,23 @@ pub const MAX_REDIRECTS: usize = 5;
 /// scheme, host and port first asked, at most [`MAX_REDIRECTS`] times; else
 /// hand the 3xx back unfollowed.
 pub fn redirect_policy() -> Policy {
-    Policy::custom(follow_within_origin)
+    Policy::custom(|attempt| follow_within_origin(attempt, None))
 }
 
-fn follow_within_origin(attempt: Attempt<'_>) -> reqwest::redirect::Action {
+/// [`redirect_policy`], and only to a URL that `allowed` lists: the
+/// origin stays, but the path may change, and the list may name paths.
+pub fn redirect_policy_within(allowed: Arc<allow::AllowedUrls>) -> Policy {
+    Policy::custom(move |attempt| follow_within_origin(attempt, Some(&allowed)))
+}
+
+fn follow_within_origin(
+    attempt: Attempt<'_>,
+    allowed: Option<&allow::AllowedUrls>,
+) -> reqwest::redirect::Action {
     let first = attempt.previous().first().map(|u| u.origin());
     let same_origin = first.is_some_and(|o| o == attempt.url().origin());
-    if same_origin && attempt.previous().len() <= MAX_REDIRECTS {
+    let listed = allowed.is_none_or(|list| list.allows(attempt.url()));
+    if same_origin && listed && attempt.previous().len() <= MAX_REDIRECTS {
         attempt.follow()
     } else {
         attempt.stop()

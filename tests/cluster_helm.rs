@@ -1054,4 +1054,32 @@ fn every_watched_namespace_gets_the_egress_deny_and_the_flags_are_passed() {
         open.iter().any(|a| a == "--secrets-need-label=false"),
         "{open:?}"
     );
+    // No allow-list of http tool URLs unless one is given; then one flag
+    // a pattern.
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--http-tool-allowed-urls")),
+        "{args:?}"
+    );
+    let listed = operator_args(
+        &documents(&render(
+            "agents",
+            "agents-system",
+            &["operator.httpToolAllowedUrls={https://api.example/*,http://127.0.0.1:*/*}"],
+        )),
+        "agents",
+    );
+    let urls: Vec<&String> = listed
+        .iter()
+        .filter(|a| a.starts_with("--http-tool-allowed-urls"))
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            "--http-tool-allowed-urls=https://api.example/*",
+            "--http-tool-allowed-urls=http://127.0.0.1:*/*"
+        ],
+        "{listed:?}"
+    );
 }

@@ -40,10 +40,17 @@ struct Operator {
 
 impl Operator {
     fn start(ns: &str, kubeconfig: &Path, tag: &str) -> Operator {
-        let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{tag}.log"));
+        Operator::start_watching(&[ns], kubeconfig, tag)
+    }
+
+    /// `agents operator -n NS1 -n NS2 ...`.
+    fn start_watching(namespaces: &[&str], kubeconfig: &Path, tag: &str) -> Operator {
+        let log = std::env::temp_dir().join(format!("agents-operator-{}-{tag}.log", namespaces[0]));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
-            .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
+            .arg("operator")
+            .args(namespaces.iter().flat_map(|ns| ["-n", ns]))
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
             .env_remove("AGENTS_STORE")
@@ -1067,48 +1074,8 @@ fn rbac_manifests(release: &str, ns: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The operator runs under its ClusterRole only; a service account bound
-/// to only `agents-completer` completes a call with the CLI but cannot
-/// edit a Session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
-    let Some((client, ns)) = setup("op-rbac").await else {
-        return;
-    };
-    let release = ns.name.clone();
-    // Cluster-scoped: not deleted with the namespace, so deleted on drop
-    // (also when the test fails).
-    let _cluster_scoped = ClusterScoped(vec![
-        format!("clusterrole/{release}-operator"),
-        format!("clusterrolebinding/{release}-operator"),
-        format!("clusterrole/{release}-completer"),
-    ]);
-    apply(&ns.name, &rbac_manifests(&release, &ns.name));
-    // Namespace-scoped run: the ClusterRole bound in this namespace only.
-    kubectl_ok([
-        "create",
-        "rolebinding",
-        "operator-here",
-        "-n",
-        &ns.name,
-        &format!("--clusterrole={release}-operator"),
-        &format!("--serviceaccount={}:{release}-operator", ns.name),
-    ]);
-    kubectl_ok(["create", "serviceaccount", "completer", "-n", &ns.name]);
-    kubectl_ok([
-        "create",
-        "rolebinding",
-        "completer",
-        "-n",
-        &ns.name,
-        &format!("--clusterrole={release}-completer"),
-        &format!("--serviceaccount={}:completer", ns.name),
-    ]);
-    let operator_config = service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
-    let completer_config = service_account_kubeconfig(&ns.name, "completer");
-    apply(
-        &ns.name,
-        r#"
+/// A Session that waits for an outside party's result.
+const GUARDED: &str = r#"
 apiVersion: agents-exe.io/v1alpha1
 kind: Session
 metadata: {name: guarded}
@@ -1126,24 +1093,75 @@ spec:
     policy:
       rules:
         - {tool: ask, disposition: defer}
-"#,
-    );
-    let operator = Operator::start(&ns.name, &operator_config, "rbac");
-    let waited = kubectl([
-        "wait",
-        "-n",
-        &ns.name,
-        "--for=condition=Waiting",
-        "session/guarded",
-        "--timeout=60s",
+"#;
+
+/// The operator runs under its ClusterRole only, bound by a RoleBinding in
+/// each namespace it watches: the release's and a team's. The completer
+/// ClusterRole, bound by a RoleBinding in the team's namespace to a
+/// service account of that namespace (not the release's), lets it complete
+/// a call there with the CLI but not edit a Session; in the release's
+/// namespace, where nothing binds it, it may not complete a call at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
+    let Some((client, ns)) = setup("op-rbac").await else {
+        return;
+    };
+    let team = TestNamespace::create(&client, "op-rbac-team").await;
+    let release = ns.name.clone();
+    // Cluster-scoped: not deleted with the namespace, so deleted on drop
+    // (also when the test fails).
+    let _cluster_scoped = ClusterScoped(vec![
+        format!("clusterrole/{release}-operator"),
+        format!("clusterrolebinding/{release}-operator"),
+        format!("clusterrole/{release}-completer"),
     ]);
-    assert!(
-        waited.status.success(),
-        "the operator under its ClusterRole did not get the session waiting:\n{}",
-        operator.log()
-    );
-    let as_completer = |args: &[&str]| agents_as(&completer_config, &ns.name, args);
-    let denied = as_completer(&["session", "pause", "guarded"]);
+    apply(&ns.name, &rbac_manifests(&release, &ns.name));
+    // Namespace-scoped run: the ClusterRole bound in the two watched
+    // namespaces only.
+    for watched in [&ns.name, &team.name] {
+        kubectl_ok([
+            "create",
+            "rolebinding",
+            "operator-here",
+            "-n",
+            watched,
+            &format!("--clusterrole={release}-operator"),
+            &format!("--serviceaccount={}:{release}-operator", ns.name),
+        ]);
+    }
+    // The completer lives in the team's namespace and is bound there only.
+    kubectl_ok(["create", "serviceaccount", "completer", "-n", &team.name]);
+    kubectl_ok([
+        "create",
+        "rolebinding",
+        "completer",
+        "-n",
+        &team.name,
+        &format!("--clusterrole={release}-completer"),
+        &format!("--serviceaccount={}:completer", team.name),
+    ]);
+    let operator_config = service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
+    let completer_config = service_account_kubeconfig(&team.name, "completer");
+    apply(&team.name, GUARDED);
+    apply(&ns.name, GUARDED);
+    let operator = Operator::start_watching(&[&ns.name, &team.name], &operator_config, "rbac");
+    for watched in [&ns.name, &team.name] {
+        let waited = kubectl([
+            "wait",
+            "-n",
+            watched,
+            "--for=condition=Waiting",
+            "session/guarded",
+            "--timeout=60s",
+        ]);
+        assert!(
+            waited.status.success(),
+            "the operator under its ClusterRole did not get the session in {watched} waiting:\n{}",
+            operator.log()
+        );
+    }
+    let as_completer = |ns: &str, args: &[&str]| agents_as(&completer_config, ns, args);
+    let denied = as_completer(&team.name, &["session", "pause", "guarded"]);
     assert!(!denied.status.success(), "{}", text(&denied));
     assert!(
         text(&denied).to_lowercase().contains("forbidden"),
@@ -1157,7 +1175,7 @@ spec:
             "session",
             "guarded",
             "-n",
-            &ns.name,
+            &team.name,
             "--type=merge",
         ])
         .args(["-p", r#"{"spec":{"paused":true}}"#])
@@ -1166,17 +1184,47 @@ spec:
     assert!(!patch.status.success(), "a completer edited a Session");
     assert!(String::from_utf8_lossy(&patch.stderr).contains("forbidden"));
 
-    let done = as_completer(&[
-        "session",
-        "complete",
-        "guarded-t1-c0",
-        "--text",
-        "from the completer",
-    ]);
+    // In the release's namespace nothing binds the completer.
+    let elsewhere = as_completer(
+        &ns.name,
+        &[
+            "session",
+            "complete",
+            "guarded-t1-c0",
+            "--text",
+            "from the wrong namespace",
+        ],
+    );
+    assert!(!elsewhere.status.success(), "{}", text(&elsewhere));
+    assert!(
+        text(&elsewhere).to_lowercase().contains("forbidden"),
+        "{}",
+        text(&elsewhere)
+    );
+    let untouched: Continuation = Api::namespaced(client.clone(), &ns.name)
+        .get("guarded-t1-c0")
+        .await
+        .unwrap();
+    let untouched = serde_json::to_value(untouched.status.unwrap_or_default()).unwrap();
+    assert!(untouched["outcome"].is_null(), "{untouched}");
+
+    let done = as_completer(
+        &team.name,
+        &[
+            "session",
+            "complete",
+            "guarded-t1-c0",
+            "--text",
+            "from the completer",
+        ],
+    );
     assert!(done.status.success(), "{}", text(&done));
-    wait_condition(&ns.name, "guarded", "Succeeded", 60);
-    let s = session(&client, &ns.name, "guarded").await;
+    wait_condition(&team.name, "guarded", "Succeeded", 60);
+    let s = session(&client, &team.name, "guarded").await;
     assert!(!s.spec.paused);
+    assert_eq!(status_json(&s)["answer"], "completed by the completer");
+    let waiting = session(&client, &ns.name, "guarded").await;
+    assert_eq!(status_json(&waiting)["phase"], "Waiting");
     assert!(
         !operator.log().to_lowercase().contains("forbidden"),
         "the operator hit a permission it lacks:\n{}",
@@ -1186,6 +1234,7 @@ spec:
     // They hold tokens.
     let _ = std::fs::remove_file(&operator_config);
     let _ = std::fs::remove_file(&completer_config);
+    team.delete(&client).await;
     ns.delete(&client).await;
 }
 

@@ -498,3 +498,192 @@ async fn a_session_that_cannot_go_on_fails_saying_why() {
     assert!(why.contains("is Deferred but has no token"), "{why}");
     ns.delete(&client).await;
 }
+
+/// A loopback HTTP server that records the path of every request it gets:
+/// `/allowed/bounce` answers with a same-origin redirect to `/elsewhere`,
+/// anything else with `200 ok`.
+fn recording_server() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+            let mut length = 0;
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            seen.lock().unwrap().push(path.clone());
+            let reply = if path == "/allowed/bounce" {
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else {
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            };
+            let _ = reader.into_inner().write_all(reply.as_bytes());
+        }
+    });
+    (port, paths)
+}
+
+/// The operator's allow-list of http tool URLs (`--http-tool-allowed-urls`)
+/// holds one path of one loopback server. An Agent with tools beyond it is
+/// `Ready=False` (HttpToolUrlNotAllowed); a session of it runs: the listed
+/// tool answers, and each other call fails with an error naming the URL and
+/// the allow-list, while the other server gets no request at all and the
+/// listed one is never asked for the path off the list (not by another
+/// port, userinfo, or a same-origin redirect; in a step or in the
+/// background).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_tools_call_only_the_urls_the_operator_allows() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-urls").await;
+    let (good, good_paths) = recording_server();
+    let (bad, bad_paths) = recording_server();
+    apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: fetcher}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: fetch, arguments: {{}}}}
+            - {{name: leak, arguments: {{}}}}
+            - {{name: bounce, arguments: {{}}}}
+            - {{name: sneak, arguments: {{}}}}
+        - text: one of four
+  tools:
+    - name: fetch
+      http: {{url: "http://127.0.0.1:{good}/allowed/fetch"}}
+    - name: leak
+      http: {{url: "http://127.0.0.1:{bad}/collect"}}
+    - name: bounce
+      http: {{url: "http://127.0.0.1:{good}/allowed/bounce"}}
+    - name: sneak
+      http: {{url: "http://127.0.0.1:{good}@127.0.0.1:{bad}/allowed/x"}}
+  policy:
+    rules:
+      - {{tool: sneak, disposition: runAsync}}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: fetch}}
+spec:
+  messages: ["fetch"]
+  agentRef: {{name: fetcher}}
+"#
+        ),
+    );
+    let allowed = format!("http://127.0.0.1:{good}/allowed/*");
+    let op = support::launcher::Operator::start(
+        BIN,
+        "tenant-urls",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name, "--http-tool-allowed-urls", &allowed],
+        &[],
+    );
+    let agents: Api<agents::api::Agent> = Api::namespaced(client.clone(), &ns.name);
+    let ready = wait_until(
+        Duration::from_secs(60),
+        "the agent's Ready condition",
+        || async {
+            let a = agents.get("fetcher").await.ok()?;
+            let st = serde_json::to_value(a.status.as_ref()?).ok()?;
+            let c = st["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready")?
+                .clone();
+            Some(c)
+        },
+    )
+    .await;
+    assert_eq!(ready["status"], "False", "{ready}\n{}", op.log_text());
+    assert_eq!(ready["reason"], "HttpToolUrlNotAllowed", "{ready}");
+    let why = ready["message"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with(&format!(
+            "http tool \"leak\": \"http://127.0.0.1:{bad}/collect\" is not on the operator's allow-list"
+        )),
+        "{why}"
+    );
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let done = wait_until(
+        Duration::from_secs(90),
+        "the session to succeed",
+        || async {
+            let s = sessions.get("fetch").await.ok()?;
+            let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+            (st["phase"] == "Succeeded").then_some(st)
+        },
+    )
+    .await;
+    let results = &done["turns"][2]["toolResults"];
+    assert_eq!(
+        results[0]["result"],
+        json!({"status": "success", "response": {"type": "text", "content": "ok"}}),
+        "the listed tool answers: {results}"
+    );
+    let message = |i: usize| {
+        results[i]["result"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let names_the_list = |m: &str| {
+        m.contains("is not on the operator's allow-list of URLs http tools may call (--http-tool-allowed-urls, chart value operator.httpToolAllowedUrls)")
+            && m.contains(&format!("which holds: {allowed}"))
+            && m.contains("no request was sent to it")
+    };
+    let leak = format!("http://127.0.0.1:{bad}/collect");
+    assert!(
+        message(1).starts_with(&format!("POST {leak} was refused: \"{leak}\" is not on"))
+            && names_the_list(&message(1)),
+        "{}",
+        message(1)
+    );
+    let elsewhere = format!("http://127.0.0.1:{good}/elsewhere");
+    assert!(
+        message(2).contains(&format!(
+            "answered 307 Temporary Redirect, a redirect to \"{elsewhere}\", which was not followed: \"{elsewhere}\" is not on"
+        )) && names_the_list(&message(2)),
+        "{}",
+        message(2)
+    );
+    assert!(
+        message(3).contains("was refused") && names_the_list(&message(3)),
+        "{}",
+        message(3)
+    );
+    assert_eq!(done["answer"], "one of four");
+    assert_eq!(
+        bad_paths.lock().unwrap().len(),
+        0,
+        "the unlisted server was called: {:?}",
+        bad_paths.lock().unwrap()
+    );
+    let mut asked = good_paths.lock().unwrap().clone();
+    asked.sort();
+    assert_eq!(asked, ["/allowed/bounce", "/allowed/fetch"]);
+    drop(op);
+    ns.delete(&client).await;
+}

@@ -69,6 +69,19 @@ pub struct OperatorArgs {
         value_delimiter = ','
     )]
     pub allowed_tool_images: Vec<String>,
+    /// A URL pattern http tools may call (repeat, or separate with commas);
+    /// default: any URL. `*` matches within one host label, any port
+    /// (`:*`), or any run of the path: `https://api.example.com/*`,
+    /// `http://127.0.0.1:*/*`, `https://*.svc.example/v1/*`. Checked before
+    /// each request and on each redirect; a call to another URL fails with
+    /// an error result and sends nothing.
+    #[arg(
+        long = "http-tool-allowed-urls",
+        env = "AGENTS_HTTP_TOOL_ALLOWED_URLS",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    pub http_tool_allowed_urls: Vec<String>,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
     #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]
@@ -334,6 +347,29 @@ mod tests {
     #[test]
     fn command_tree_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn http_tool_allowed_urls_repeat_or_split_at_commas() {
+        let cli = Cli::try_parse_from([
+            "agents",
+            "operator",
+            "--http-tool-allowed-urls=https://a.example/*,http://127.0.0.1:*/*",
+            "--http-tool-allowed-urls",
+            "https://b.example/v1/*",
+        ])
+        .unwrap();
+        let Command::Operator(args) = cli.command else {
+            panic!("not the operator")
+        };
+        assert_eq!(
+            args.http_tool_allowed_urls,
+            [
+                "https://a.example/*",
+                "http://127.0.0.1:*/*",
+                "https://b.example/v1/*"
+            ]
+        );
     }
 
     #[test]

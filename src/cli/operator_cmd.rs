@@ -17,6 +17,13 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     job_defaults
         .limits
         .insert("memory".into(), args.job_memory_limit);
+    let http_tool_allowed_urls = if args.http_tool_allowed_urls.is_empty() {
+        None
+    } else {
+        let list = crate::http::allow::AllowedUrls::parse(&args.http_tool_allowed_urls)
+            .map_err(|e| anyhow::anyhow!("--http-tool-allowed-urls: {e}"))?;
+        Some(std::sync::Arc::new(list))
+    };
     let metrics_addr = args.metrics_addr.parse().map_err(|e| {
         anyhow::anyhow!(
             "--metrics-addr {:?} is not an address like 0.0.0.0:8080: {e}",
@@ -42,6 +49,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         max_calls_per_reply: args.max_calls_per_reply,
         secrets_need_label: args.secrets_need_label,
         finished_session_ttl_seconds: args.finished_session_ttl_seconds,
+        http_tool_allowed_urls,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

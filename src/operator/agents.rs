@@ -2,7 +2,7 @@
 //! (policy globs, tools, model, the Secret it names) and the result is its
 //! `Ready` condition, so a broken agent is visible before a session runs it.
 
-use super::{prepare, Context, NotReady, INVALID_RECHECK};
+use super::{prepare, Context, NotReady, HTTP_TOOL_URL_NOT_ALLOWED, INVALID_RECHECK};
 use crate::api::agent::AgentStatus;
 use crate::api::session::AgentRef;
 use crate::api::{Agent, SessionSpec};
@@ -82,15 +82,29 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         spec: probe,
     };
     let (ready, recheck) = match prepare(&ctx, &ns, definition, created).await {
-        Ok(_) => (
-            Condition::new(
-                "Ready",
-                Status::True,
-                "Valid",
-                "policy, tools and model are valid",
+        Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
+            None => (
+                Condition::new(
+                    "Ready",
+                    Status::True,
+                    "Valid",
+                    "policy, tools and model are valid",
+                ),
+                RECHECK,
             ),
-            RECHECK,
-        ),
+            // The URL is static: every call of the tool would be refused.
+            Some((tool, _, why)) => (
+                Condition::new(
+                    "Ready",
+                    Status::False,
+                    HTTP_TOOL_URL_NOT_ALLOWED,
+                    format!(
+                        "http tool {tool:?}: {why}; sessions of this agent run, and each call of {tool:?} fails with this error"
+                    ),
+                ),
+                INVALID_RECHECK,
+            ),
+        },
         Err(NotReady {
             reason,
             message,

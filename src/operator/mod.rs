@@ -115,6 +115,10 @@ pub struct Options {
     /// Finished sessions without `spec.ttlSecondsAfterFinished` are deleted
     /// this many seconds after they finish; `None` keeps them.
     pub finished_session_ttl_seconds: Option<u64>,
+    /// The URLs http tools may call (`--http-tool-allowed-urls`); `None`:
+    /// any. A call to another fails with an error result; an Agent with
+    /// such a tool is `Ready=False` ([`HTTP_TOOL_URL_NOT_ALLOWED`]).
+    pub http_tool_allowed_urls: Option<Arc<crate::http::allow::AllowedUrls>>,
 }
 
 impl Default for Options {
@@ -134,6 +138,7 @@ impl Default for Options {
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
             secrets_need_label: true,
             finished_session_ttl_seconds: None,
+            http_tool_allowed_urls: None,
         }
     }
 }
@@ -843,7 +848,10 @@ async fn prepare(
     for r in agent.tool_secrets() {
         usable_secret(ctx, ns, &r.name, "a tool's env").await?;
     }
-    let toolbox = agent.toolbox.with_secrets(secrets);
+    let toolbox = agent
+        .toolbox
+        .with_secrets(secrets)
+        .with_allowed_urls(ctx.options.http_tool_allowed_urls.clone());
     Ok(Resolved {
         runtime,
         model,
@@ -851,6 +859,11 @@ async fn prepare(
         agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
     })
 }
+
+/// The reason of an Agent's `Ready=False` when one of its http tools calls
+/// a URL the operator's allow-list does not hold. Sessions of the agent
+/// still run; each call of that tool fails with an error result.
+pub const HTTP_TOOL_URL_NOT_ALLOWED: &str = "HttpToolUrlNotAllowed";
 
 /// The label that makes a Secret usable by the agents of its namespace
 /// (unless the operator runs with `--secrets-need-label=false`).

@@ -4,11 +4,15 @@
 //!
 //! An http tool's reply is read as a stream and bounded ([`MAX_REPLY_BYTES`],
 //! redirects only within the URL's origin; see [`http`]): a server the
-//! tenant chose can fail its own call, never the process.
+//! tenant chose can fail its own call, never the process. Where the
+//! operator lists the URLs http tools may call ([`AllowedUrls`]), a URL
+//! off the list, asked or redirected to, fails its call before any request
+//! goes to it.
 
 use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
 use crate::http;
+use crate::http::allow::AllowedUrls;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -99,6 +103,9 @@ pub struct Toolbox {
     /// Secrets in the session's namespace), by `AGENTS_SECRET_*` name. When
     /// set, the process environment is never consulted.
     secrets: Option<std::sync::Arc<BTreeMap<String, String>>>,
+    /// The URLs http tools may call (the operator's allow-list); `None`:
+    /// any.
+    allowed_urls: Option<std::sync::Arc<AllowedUrls>>,
 }
 
 impl Toolbox {
@@ -135,7 +142,32 @@ impl Toolbox {
             tools,
             http: None,
             secrets: None,
+            allowed_urls: None,
         })
+    }
+
+    /// Lets http tools call only the URLs `allowed` lists (`None`: any),
+    /// checked before each request and on each redirect.
+    pub fn with_allowed_urls(mut self, allowed: Option<std::sync::Arc<AllowedUrls>>) -> Self {
+        self.allowed_urls = allowed;
+        self
+    }
+
+    /// The http tools whose URL the allow-list does not hold, as (tool,
+    /// URL, why): each call of theirs would fail. Empty without a list.
+    pub fn urls_not_allowed(&self) -> Vec<(String, String, String)> {
+        let Some(allowed) = &self.allowed_urls else {
+            return Vec::new();
+        };
+        self.tools
+            .values()
+            .filter_map(|d| match &d.kind {
+                ToolKind::Http { url, .. } if !allowed.allows_str(url) => {
+                    Some((d.name.clone(), url.clone(), allowed.not_listed(url)))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Serves header secrets from `resolved` (keyed by
@@ -230,7 +262,11 @@ impl Toolbox {
         idempotency_key: &str,
         lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> ToolResult {
-        let request = match self.http_request(url, headers, idempotency_key, lookup) {
+        let target = match self.allowed_target(url) {
+            Ok(t) => t,
+            Err(refused) => return refused,
+        };
+        let request = match self.http_request(target, headers, idempotency_key, lookup) {
             Ok(r) => r,
             Err(refused) => return refused,
         };
@@ -240,7 +276,7 @@ impl Toolbox {
         };
         let status = response.status();
         if status.is_redirection() {
-            return ToolResult::error(http::redirect_refused(&format!("POST {url}"), &response));
+            return ToolResult::error(self.redirect_refused(url, &response));
         }
         if !status.is_success() {
             return error_reply(url, status, &mut response).await;
@@ -248,24 +284,65 @@ impl Toolbox {
         success_reply(url, &mut response).await
     }
 
-    /// The POST to `url`, with its idempotency key and its headers (secret
-    /// ones marked sensitive), or the error result that says which header
-    /// cannot be sent.
+    /// Where the POST goes: `url` as is without an allow-list; with one,
+    /// the URL parsed once, checked, and sent to as parsed (what is
+    /// checked is what is called), or the error result that refuses it.
+    fn allowed_target(&self, url: &str) -> Result<Target, ToolResult> {
+        let Some(allowed) = &self.allowed_urls else {
+            return Ok(Target::Any(url.to_string()));
+        };
+        match reqwest::Url::parse(url) {
+            Ok(parsed) if allowed.allows(&parsed) => Ok(Target::Checked(parsed)),
+            Ok(_) => Err(ToolResult::error(format!(
+                "POST {url} was refused: {}",
+                allowed.not_listed(url)
+            ))),
+            Err(e) => Err(ToolResult::error(format!(
+                "POST {url} was refused: it is not a URL ({e})"
+            ))),
+        }
+    }
+
+    /// The error text of a 3xx that was not followed: off the allow-list,
+    /// or off the origin (or too many).
+    fn redirect_refused(&self, url: &str, response: &reqwest::Response) -> String {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|l| response.url().join(l).ok());
+        match (&self.allowed_urls, location) {
+            (Some(allowed), Some(to)) if !allowed.allows(&to) => format!(
+                "POST {url} answered {}, a redirect to {:?}, which was not followed: {}",
+                response.status(),
+                http::clip(to.as_str(), 200),
+                allowed.not_listed(to.as_str())
+            ),
+            _ => http::redirect_refused(&format!("POST {url}"), response),
+        }
+    }
+
+    /// The POST to `target`, with its idempotency key and its headers
+    /// (secret ones marked sensitive), or the error result that says which
+    /// header cannot be sent.
     fn http_request(
         &self,
-        url: &str,
+        target: Target,
         headers: &[EnvVarSpec],
         idempotency_key: &str,
         lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> Result<reqwest::RequestBuilder, ToolResult> {
-        let client = match &self.http {
-            Some(c) => c.clone(),
-            None => http_client().map_err(|e| ToolResult::error(format!("no HTTP client: {e}")))?,
+        let client = match (&self.http, &self.allowed_urls) {
+            (Some(c), None) => c.clone(),
+            (_, allowed) => http_client(allowed.clone())
+                .map_err(|e| ToolResult::error(format!("no HTTP client: {e}")))?,
         };
-        let mut request = client
-            .post(url)
-            // Lets the service drop a repeated delivery of the same call.
-            .header("Idempotency-Key", idempotency_key);
+        let request = match target {
+            Target::Any(url) => client.post(url),
+            Target::Checked(url) => client.post(url),
+        };
+        // Lets the service drop a repeated delivery of the same call.
+        let mut request = request.header("Idempotency-Key", idempotency_key);
         for h in headers {
             let value = h
                 .resolve(lookup)
@@ -338,12 +415,24 @@ async fn success_reply(url: &str, response: &mut reqwest::Response) -> ToolResul
     })
 }
 
+/// Where an http tool's POST goes.
+enum Target {
+    /// No allow-list: the URL as written (the client parses it).
+    Any(String),
+    /// Parsed, and on the allow-list.
+    Checked(reqwest::Url),
+}
+
 /// The client of the http tools: redirects only within the URL's origin
-/// ([`http::redirect_policy`]); the call's timeout bounds the rest.
-fn http_client() -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .redirect(http::redirect_policy())
-        .build()
+/// ([`http::redirect_policy`]) and, with an allow-list, only to a URL it
+/// holds ([`http::redirect_policy_within`]); the call's timeout bounds the
+/// rest.
+fn http_client(allowed: Option<std::sync::Arc<AllowedUrls>>) -> reqwest::Result<reqwest::Client> {
+    let policy = match allowed {
+        Some(list) => http::redirect_policy_within(list),
+        None => http::redirect_policy(),
+    };
+    reqwest::Client::builder().redirect(policy).build()
 }
 
 fn check_header(h: &EnvVarSpec) -> Result<(), String> {
@@ -660,6 +749,127 @@ mod tests {
             )
             .await;
         assert_eq!(large, ToolResult::text(many));
+    }
+
+    /// Serves every request with `answer(path)`, keeping the paths asked.
+    async fn path_server(
+        answer: fn(&str) -> String,
+    ) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = paths.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let request = crate::http::tests::read_request(&mut sock).await;
+                let line = String::from_utf8_lossy(&request).into_owned();
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let reply = answer(&path);
+                seen.lock().unwrap().push(path);
+                let _ = sock.write_all(reply.as_bytes()).await;
+            }
+        });
+        (port, paths)
+    }
+
+    #[tokio::test]
+    async fn only_allowed_urls_are_called_asked_or_redirected_to() {
+        let (port, paths) = path_server(|path| match path {
+            "/ok/bounce" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+            "/ok/hop" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /ok/there\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+            _ => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into(),
+        })
+        .await;
+        let (other, other_paths) = path_server(|_| {
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into()
+        })
+        .await;
+        let allowed = AllowedUrls::parse(&[format!("http://127.0.0.1:{port}/ok/*")]).unwrap();
+        let tools = Toolbox::new(vec![
+            ToolDef {
+                name: "good".into(),
+                description: String::new(),
+                parameters: None,
+                kind: ToolKind::Http {
+                    url: format!("http://127.0.0.1:{port}/ok/x"),
+                    headers: vec![],
+                },
+            },
+            ToolDef {
+                name: "bad".into(),
+                description: String::new(),
+                parameters: None,
+                kind: ToolKind::Http {
+                    url: format!("http://127.0.0.1:{other}/ok/x"),
+                    headers: vec![],
+                },
+            },
+        ])
+        .unwrap()
+        .with_allowed_urls(Some(std::sync::Arc::new(allowed)));
+        let args = &Map::new();
+        let post = |url: String| {
+            let tools = tools.clone();
+            async move { tools.http_call(&url, &[], args, "k", &|_| None).await }
+        };
+        assert_eq!(
+            post(format!("http://127.0.0.1:{port}/ok/x")).await,
+            ToolResult::text("ok")
+        );
+        // Another port, the same path: refused before anything is sent.
+        let refused = format!("http://127.0.0.1:{other}/ok/x");
+        let ToolResult::Error { message } = post(refused.clone()).await else {
+            panic!("{refused} was called")
+        };
+        assert!(
+            message.starts_with(&format!(
+                "POST {refused} was refused: \"{refused}\" is not on the operator's allow-list"
+            )) && message.contains("--http-tool-allowed-urls")
+                && message.contains("operator.httpToolAllowedUrls"),
+            "{message}"
+        );
+        // The allowed host's userinfo leads elsewhere: refused too.
+        let ToolResult::Error { message } =
+            post(format!("http://127.0.0.1:{port}@127.0.0.1:{other}/ok/x")).await
+        else {
+            panic!("userinfo led the call to another port")
+        };
+        assert!(
+            message.contains("is not on the operator's allow-list"),
+            "{message}"
+        );
+        assert!(other_paths.lock().unwrap().is_empty());
+        // A same-origin redirect to a listed path is followed; to another
+        // path it is not, and that path is never asked.
+        assert_eq!(
+            post(format!("http://127.0.0.1:{port}/ok/hop")).await,
+            ToolResult::text("ok")
+        );
+        let ToolResult::Error { message } =
+            post(format!("http://127.0.0.1:{port}/ok/bounce")).await
+        else {
+            panic!("the redirect was followed")
+        };
+        assert!(
+            message.contains(&format!(
+                "answered 307 Temporary Redirect, a redirect to \"http://127.0.0.1:{port}/admin\", which was not followed: \"http://127.0.0.1:{port}/admin\" is not on the operator's allow-list"
+            )),
+            "{message}"
+        );
+        assert!(
+            !paths.lock().unwrap().iter().any(|p| p == "/admin"),
+            "{:?}",
+            paths.lock().unwrap()
+        );
+        // What an Agent's check reports: the tool whose URL is off the list.
+        let off: Vec<String> = tools
+            .urls_not_allowed()
+            .into_iter()
+            .map(|(t, _, _)| t)
+            .collect();
+        assert_eq!(off, ["bad"]);
+        assert!(Toolbox::default().urls_not_allowed().is_empty());
     }
 
     #[test]

@@ -79,6 +79,9 @@ app.kubernetes.io/component: operator
 {{- range .Values.operator.allowedToolImages }}
 - {{ printf "--allowed-tool-image=%s" . | quote }}
 {{- end }}
+{{- range .Values.operator.httpToolAllowedUrls }}
+- {{ printf "--http-tool-allowed-urls=%s" . | quote }}
+{{- end }}
 - {{ printf "--job-cpu-limit=%v" .Values.operator.jobDefaults.cpuLimit | quote }}
 - {{ printf "--job-memory-limit=%v" .Values.operator.jobDefaults.memoryLimit | quote }}
 - --job-active-deadline-seconds={{ .Values.operator.jobDefaults.activeDeadlineSeconds | int }}
