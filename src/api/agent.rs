@@ -289,13 +289,141 @@ pub enum DispositionMode {
     Defer,
 }
 
+/// `approval: true`, or an approval policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApprovalSetting {
+    /// `true`: any one person RBAC lets decide; `false`: no approval.
+    Any(bool),
+    /// Named approvers, a quorum, a timeout.
+    Policy(ApprovalPolicySpec),
+    /// What was written, and why it is no approval setting: kept, never a
+    /// deserialisation error, so one tenant's typo cannot break the
+    /// operator's watch of every Agent; the Ready condition says why.
+    Invalid {
+        written: serde_json::Value,
+        why: String,
+    },
+}
+
+impl ApprovalSetting {
+    pub fn is_off(&self) -> bool {
+        matches!(self, ApprovalSetting::Any(false))
+    }
+}
+
+impl Default for ApprovalSetting {
+    fn default() -> Self {
+        ApprovalSetting::Any(false)
+    }
+}
+
+impl Serialize for ApprovalSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ApprovalSetting::Any(b) => s.serialize_bool(*b),
+            ApprovalSetting::Policy(p) => p.serialize(s),
+            ApprovalSetting::Invalid { written, .. } => written.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ApprovalSetting {
+    /// A boolean or a policy object; anything else is kept as `Invalid`
+    /// with the reason (a typo in the object is named).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let written = serde_json::Value::deserialize(d)?;
+        Ok(match written {
+            serde_json::Value::Bool(b) => ApprovalSetting::Any(b),
+            serde_json::Value::Object(_) => match serde_json::from_value(written.clone()) {
+                Ok(p) => ApprovalSetting::Policy(p),
+                Err(e) => ApprovalSetting::Invalid {
+                    written,
+                    why: e.to_string(),
+                },
+            },
+            _ => ApprovalSetting::Invalid {
+                why: format!(
+                    "approval is true, false or a policy object ({{approvers, quorum, timeoutSeconds, onTimeout, allowEdit}}), not {written}"
+                ),
+                written,
+            },
+        })
+    }
+}
+
+/// A boolean or an object: the API server keeps it as written (a CEL rule
+/// cannot see a field without a type); the operator checks it and says
+/// what is wrong in the Agent's (or Session's) Ready condition.
+fn approval_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "true: wait for one approve/deny decision before running. Or {approvers: {users, groups, serviceAccounts}, quorum, timeoutSeconds, onTimeout: deny|approve|fail, allowEdit}.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Who may approve a call, how many must agree, and what a timeout does.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalPolicySpec {
+    /// Who may decide; none listed: anyone RBAC lets write decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<ApproversSpec>,
+    /// Different people who must approve (default 1); one denial denies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub quorum: Option<u32>,
+    /// How long the call waits for the quorum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub timeout_seconds: Option<u64>,
+    /// What the timeout does: `deny` (default; the model is told),
+    /// `approve` (the call runs) or `fail` (the session fails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeoutMode>,
+    /// Approvers may replace the call's arguments.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_edit: bool,
+}
+
+/// Named approvers: a decision counts when its author is one of them.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApproversSpec {
+    /// User names, as the API server authenticates them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub users: Vec<String>,
+    /// Groups whose members may decide.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub groups: Vec<String>,
+    /// Service accounts: `name` (the session's namespace) or `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 317)))]
+    pub service_accounts: Vec<String>,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum OnTimeoutMode {
+    #[default]
+    Deny,
+    Approve,
+    Fail,
+}
+
 /// Wrappers around a disposition.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DecoratorsSpec {
-    /// Wait for `agents session approve|deny` before running.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub approval: bool,
+    /// `true`: wait for one approve/deny decision before running. An
+    /// object: who may decide, how many must agree, and what a timeout
+    /// does.
+    #[serde(default, skip_serializing_if = "ApprovalSetting::is_off")]
+    #[schemars(schema_with = "approval_schema")]
+    pub approval: ApprovalSetting,
     /// Give up after this many seconds (run time, or wait when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31_536_000))]
@@ -331,9 +459,12 @@ pub struct RuleSpec {
     // The decorators, written beside the rule's other fields. Spelt out
     // rather than `#[serde(flatten)]`: a flattened struct swallows unknown
     // keys unseen, so `aproval: true` would run a call without approval.
-    /// Wait for `agents session approve|deny` before running.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub approval: bool,
+    /// `true`: wait for one approve/deny decision before running. An
+    /// object: who may decide, how many must agree, and what a timeout
+    /// does.
+    #[serde(default, skip_serializing_if = "ApprovalSetting::is_off")]
+    #[schemars(schema_with = "approval_schema")]
+    pub approval: ApprovalSetting,
     /// Give up after this many seconds (run time, or wait when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31_536_000))]
@@ -356,7 +487,7 @@ impl RuleSpec {
     /// The rule's decorators.
     pub fn decorators(&self) -> DecoratorsSpec {
         DecoratorsSpec {
-            approval: self.approval,
+            approval: self.approval.clone(),
             timeout_seconds: self.timeout_seconds,
             retries: self.retries,
             cache: self.cache,

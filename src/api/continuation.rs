@@ -37,6 +37,7 @@ use super::{conditions_schema, tool_result_schema};
     // judged too: a rule on `status` itself is not evaluated once it is gone.
     validation = Rule::new(OUTCOME_KEPT).message("status.outcome is already set and cannot change or be removed: the call was already completed"),
     validation = Rule::new(DECISION_KEPT).message("status.decision is already set and cannot change or be removed: the call was already decided"),
+    validation = Rule::new(DECISIONS_KEPT).message("status.decisions only grows: a decision, once written, cannot change or be removed"),
     validation = Rule::new(OUTSIDE_ONLY_WHEN_AWAITED).message("this call is run by the operator (spec.policy.disposition is runSync, runAsync or runIsolated), so only its run completes it; an outside result is taken only by a call whose disposition is defer"),
     validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
@@ -75,16 +76,21 @@ pub const OUTCOME_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.outc
 /// Once written, the decision stays, whatever the patch removes.
 pub const DECISION_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.decision) || (has(self.status) && has(self.status.decision) && self.status.decision == oldSelf.status.decision)";
 
+/// Votes under an approval policy are appended; none changes or goes.
+pub const DECISIONS_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.decisions) || (has(self.status) && has(self.status.decisions) && oldSelf.status.decisions.all(d, d in self.status.decisions))";
+
 /// A new outcome comes from outside only for a `defer` call. The operator
 /// writes as `agents` (or `cache`); a denial's error result is written
 /// under the decider's name. (Who may claim which name is the business of
 /// RBAC and admission policy; this rule keeps honest clients honest.)
-pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved)";
+pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved) || (self.status.outcome.result.status == 'error' && has(self.status.decisions) && self.status.decisions.exists(d, !d.approved))";
 
 /// A success outcome on a call whose policy asks for approval needs an
 /// approving decision; error outcomes (a timeout while waiting, the error
 /// a denial writes, a cancellation) are always accepted: they run nothing.
-pub const SUCCESS_NEEDS_APPROVAL: &str = "!has(self.status) || !has(self.status.outcome) || self.status.outcome.result.status == 'error' || !has(self.spec.policy.approval) || !self.spec.policy.approval || (has(self.status.decision) && self.status.decision.approved)";
+/// Under an approval policy: a quorum of approving votes and no denial,
+/// or the operator's run after `onTimeout: approve`.
+pub const SUCCESS_NEEDS_APPROVAL: &str = "!has(self.status) || !has(self.status.outcome) || self.status.outcome.result.status == 'error' || !has(self.spec.policy.approval) || !self.spec.policy.approval || (has(self.status.decision) && self.status.decision.approved) || (has(self.status.decisions) && !self.status.decisions.exists(d, !d.approved) && self.status.decisions.size() >= (has(self.spec.policy.approvalPolicy) && has(self.spec.policy.approvalPolicy.quorum) ? self.spec.policy.approvalPolicy.quorum : 1)) || (self.status.outcome.completedBy == 'agents' && has(self.spec.policy.approvalPolicy) && has(self.spec.policy.approvalPolicy.onTimeout) && self.spec.policy.approvalPolicy.onTimeout == 'approve')";
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -146,6 +152,12 @@ pub struct ContinuationStatus {
     /// as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<DecisionStatus>,
+    /// Under an approval policy: one decision per approver, each written
+    /// once and appended; the call is decided at the quorum of approvals
+    /// or the first denial.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["by"]))]
+    pub decisions: Vec<DecisionStatus>,
     /// The Job running the call (isolated calls in a cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,

@@ -2,21 +2,21 @@
 //! is lossless for what the core keeps; round trips are tested.
 
 use super::agent::{
-    AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode, EnvVar, EnvVarSource, PolicySpec,
-    SecretKeyRef,
+    AgentSpec, ApprovalPolicySpec, ApprovalSetting, ApproversSpec, ContainerTool, DecoratorsSpec,
+    DispositionMode, EnvVar, EnvVarSource, OnTimeoutMode, PolicySpec, SecretKeyRef,
 };
 use super::continuation::{
     ContextSnapshotSpec, ContinuationSpec as ContinuationSpecApi, ContinuationStatus,
 };
 use super::session::{
-    AppliedPolicyStatus, ApprovalStatus, CallStateName, ClaimStatus, LimitsSpec, OpenTurnStatus,
-    Role, SessionPhase, SessionStatus, ToolCallStatus, ToolResultStatus, TrackedCallStatus,
-    TurnStatus, UsageStatus, WaitingForName,
+    AppliedDecoratorsStatus, AppliedPolicyStatus, ApprovalStatus, CallStateName, ClaimStatus,
+    LimitsSpec, OpenTurnStatus, Role, SessionPhase, SessionStatus, ToolCallStatus,
+    ToolResultStatus, TrackedCallStatus, TurnStatus, UsageStatus, WaitingForName,
 };
 use crate::core::call::{Approval, TrackedToolCall};
 use crate::core::conversation::ToolResultEntry;
 use crate::core::envelope::ContextSnapshot;
-use crate::core::policy::{AppliedPolicy, Decorators, Rule};
+use crate::core::policy::{AppliedPolicy, ApprovalPolicy, Decorators, OnTimeout, Rule};
 use crate::core::policy::{EnvVarSpec, SecretKeyRef as CoreSecretKeyRef};
 use crate::core::session::{ContinuationSpec, PartialUserTurn, ToolInfo};
 use crate::core::*;
@@ -166,6 +166,7 @@ pub fn session_config(
 }
 
 pub fn policy(spec: &PolicySpec, field: &str) -> Result<Policy, ConvertError> {
+    check_approvals(spec, field)?;
     let p = Policy {
         default: disposition(spec.default, None, None),
         default_decorators: spec
@@ -255,8 +256,15 @@ fn container_tool(s: &IsolationSpec) -> ContainerTool {
 }
 
 fn decorators(d: &DecoratorsSpec) -> Decorators {
+    let (approval, approval_policy) = match &d.approval {
+        ApprovalSetting::Any(on) => (*on, None),
+        ApprovalSetting::Policy(p) => (true, Some(approval_policy(p))),
+        // Refused by `check_approvals`; never a call without its approval.
+        ApprovalSetting::Invalid { .. } => (true, None),
+    };
     Decorators {
-        approval: d.approval,
+        approval,
+        approval_policy,
         timeout_seconds: d.timeout_seconds,
         retries: d.retries.unwrap_or(0),
         cache: d.cache,
@@ -264,13 +272,81 @@ fn decorators(d: &DecoratorsSpec) -> Decorators {
     }
 }
 
-fn decorators_spec(d: &Decorators) -> DecoratorsSpec {
-    DecoratorsSpec {
+/// Every `approval` is `true`, `false` or a well-formed policy object.
+fn check_approvals(spec: &PolicySpec, field: &str) -> Result<(), ConvertError> {
+    let settings = spec
+        .default_decorators
+        .iter()
+        .map(|d| (format!("{field}.defaultDecorators.approval"), &d.approval))
+        .chain(
+            spec.rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("{field}.rules[{i}].approval"), &r.approval)),
+        );
+    for (path, setting) in settings {
+        if let ApprovalSetting::Invalid { why, .. } = setting {
+            return Err(err(path, why.clone()));
+        }
+    }
+    Ok(())
+}
+
+fn approval_policy(p: &ApprovalPolicySpec) -> ApprovalPolicy {
+    let approvers = p.approvers.clone().unwrap_or_default();
+    ApprovalPolicy {
+        users: approvers.users,
+        groups: approvers.groups,
+        service_accounts: approvers.service_accounts,
+        quorum: p.quorum.unwrap_or(1).max(1),
+        timeout_seconds: p.timeout_seconds,
+        on_timeout: match p.on_timeout.unwrap_or_default() {
+            OnTimeoutMode::Deny => OnTimeout::Deny,
+            OnTimeoutMode::Approve => OnTimeout::Approve,
+            OnTimeoutMode::Fail => OnTimeout::Fail,
+        },
+        allow_edit: p.allow_edit,
+    }
+}
+
+fn approval_policy_spec(p: &ApprovalPolicy) -> ApprovalPolicySpec {
+    let named = !(p.users.is_empty() && p.groups.is_empty() && p.service_accounts.is_empty());
+    ApprovalPolicySpec {
+        approvers: named.then(|| ApproversSpec {
+            users: p.users.clone(),
+            groups: p.groups.clone(),
+            service_accounts: p.service_accounts.clone(),
+        }),
+        quorum: Some(p.quorum),
+        timeout_seconds: p.timeout_seconds,
+        on_timeout: Some(match p.on_timeout {
+            OnTimeout::Deny => OnTimeoutMode::Deny,
+            OnTimeout::Approve => OnTimeoutMode::Approve,
+            OnTimeout::Fail => OnTimeoutMode::Fail,
+        }),
+        allow_edit: p.allow_edit,
+    }
+}
+
+fn applied_decorators_status(d: &Decorators) -> AppliedDecoratorsStatus {
+    AppliedDecoratorsStatus {
         approval: d.approval,
+        approval_policy: d.approval_policy.as_ref().map(approval_policy_spec),
         timeout_seconds: d.timeout_seconds,
         retries: (d.retries > 0).then_some(d.retries),
         cache: d.cache,
         truncate_bytes: d.truncate_bytes.map(|b| b as u64),
+    }
+}
+
+fn applied_decorators(d: &AppliedDecoratorsStatus) -> Decorators {
+    Decorators {
+        approval: d.approval,
+        approval_policy: d.approval_policy.as_ref().map(approval_policy),
+        timeout_seconds: d.timeout_seconds,
+        retries: d.retries.unwrap_or(0),
+        cache: d.cache,
+        truncate_bytes: d.truncate_bytes.map(|b| b as usize),
     }
 }
 
@@ -290,7 +366,7 @@ pub fn applied_policy_status(p: &AppliedPolicy) -> AppliedPolicyStatus {
         reason,
         isolation,
         rule: p.rule.map(|r| r as u32),
-        decorators: decorators_spec(&p.decorators),
+        decorators: applied_decorators_status(&p.decorators),
     }
 }
 
@@ -305,7 +381,7 @@ pub fn applied_policy(s: &AppliedPolicyStatus) -> AppliedPolicy {
             },
             other => disposition(other, None, None),
         },
-        decorators: decorators(&s.decorators),
+        decorators: applied_decorators(&s.decorators),
         rule: s.rule.map(|r| r as usize),
     }
 }

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::agent::{AgentSpec, ContainerTool, DecoratorsSpec, DispositionMode};
+use super::agent::{AgentSpec, ApprovalPolicySpec, ContainerTool, DispositionMode};
 use super::{conditions_schema, free_form_object};
 
 /// A label value holds at most 63 characters.
@@ -335,7 +335,31 @@ pub struct AppliedPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<u32>,
     #[serde(flatten)]
-    pub decorators: DecoratorsSpec,
+    pub decorators: AppliedDecoratorsStatus,
+}
+
+/// The decorators a call ran under, the approval policy spelt out.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedDecoratorsStatus {
+    /// The call waits for an approving decision before it runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approval: bool,
+    /// Who may decide and how many must agree; absent with `approval`:
+    /// one decision by anyone RBAC allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_policy: Option<ApprovalPolicySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 20))]
+    pub retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cache: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16_777_216))]
+    pub truncate_bytes: Option<u64>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

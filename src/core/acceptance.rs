@@ -18,6 +18,41 @@ pub fn is_engine(by: &str) -> bool {
     by == ENGINE_BY || by == CACHE_BY
 }
 
+/// One person's vote on a call under an approval policy.
+#[derive(Clone, Copy, Debug)]
+pub struct Vote<'a> {
+    pub approved: bool,
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
+    pub at: Millis,
+}
+
+/// The decision the votes add up to, in the order they were cast: the
+/// first denial denies; else `quorum` different people approving
+/// approve (signed by all of them); else none yet.
+pub fn tally(votes: &[Vote<'_>], quorum: u32) -> Option<(bool, String, Option<String>, Millis)> {
+    if let Some(no) = votes.iter().find(|v| !v.approved) {
+        return Some((
+            false,
+            no.by.to_string(),
+            no.reason.map(str::to_string),
+            no.at,
+        ));
+    }
+    let mut yes: Vec<&Vote<'_>> = Vec::new();
+    for v in votes {
+        if !yes.iter().any(|y| y.by == v.by) {
+            yes.push(v);
+        }
+    }
+    if yes.len() < quorum.max(1) as usize {
+        return None;
+    }
+    let by = yes.iter().map(|v| v.by).collect::<Vec<_>>().join(", ");
+    let at = yes.iter().map(|v| v.at).max().unwrap_or_default();
+    Some((true, by, None, at))
+}
+
 /// A decision already made on a call.
 #[derive(Clone, Copy, Debug)]
 pub struct Decided<'a> {
@@ -141,6 +176,26 @@ mod tests {
             reason: Some("no"),
             at: Millis(5),
         }
+    }
+
+    #[test]
+    fn votes_add_up_to_a_quorum_of_different_people_or_one_denial() {
+        let v = |approved, by| Vote {
+            approved,
+            by,
+            reason: None,
+            at: Millis(1),
+        };
+        assert!(tally(&[v(true, "alice")], 2).is_none());
+        assert!(tally(&[v(true, "alice"), v(true, "alice")], 2).is_none());
+        let (ok, by, _, _) = tally(&[v(true, "alice"), v(true, "bob")], 2).unwrap();
+        assert!(ok);
+        assert_eq!(by, "alice, bob");
+        let (ok, by, _, _) =
+            tally(&[v(true, "alice"), v(false, "carol"), v(true, "bob")], 2).unwrap();
+        assert!(!ok);
+        assert_eq!(by, "carol");
+        assert!(tally(&[], 1).is_none());
     }
 
     #[test]

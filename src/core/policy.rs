@@ -129,6 +129,10 @@ pub struct Decorators {
     /// Wait for an approve/deny decision before running.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub approval: bool,
+    /// Who may decide, how many must agree, and what a timeout does; `None`
+    /// with `approval`: any one person the cluster's RBAC lets decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_policy: Option<ApprovalPolicy>,
     /// Give up after this many seconds (run time, or wait time when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u64>,
@@ -141,6 +145,57 @@ pub struct Decorators {
     /// Cap results at this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate_bytes: Option<usize>,
+}
+
+/// Named approvers, a quorum and a timeout for an approval.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalPolicy {
+    /// User names that may decide; with no groups or service accounts
+    /// either, anyone RBAC lets write decisions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// Groups whose members may decide.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// Service accounts that may decide: `name` (the call's namespace) or
+    /// `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<String>,
+    /// Different people who must approve; one denial is enough to deny.
+    pub quorum: u32,
+    /// How long the call waits for the quorum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    /// What the timeout does.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// Whether an approver may replace the arguments.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_edit: bool,
+}
+
+/// What happens when nobody reached a verdict in time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnTimeout {
+    /// The call is denied; the model is told nobody decided.
+    #[default]
+    Deny,
+    /// The call runs as if approved.
+    Approve,
+    /// The session fails.
+    Fail,
+}
+
+impl OnTimeout {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnTimeout::Deny => "deny",
+            OnTimeout::Approve => "approve",
+            OnTimeout::Fail => "fail",
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -13,6 +13,7 @@
 //! 4. when the queue is empty, persist and sleep until
 //!    [`Session::poll_timeout`] or the next outside event.
 
+use super::acceptance::ENGINE_BY;
 use super::cache::{cache_key, CacheKey, CacheScope};
 use super::call::{Approval, CallState, Claim, TrackedToolCall, TransitionError, WaitingFor};
 use super::conversation::{
@@ -21,7 +22,8 @@ use super::conversation::{
 use super::envelope::{CallEnvelope, ContextSnapshot};
 use super::ids::{CallId, ContinuationToken, SessionId};
 use super::policy::{
-    retry_backoff_millis, AppliedPolicy, Disposition, IsolationSpec, Policy, PolicyContext,
+    retry_backoff_millis, AppliedPolicy, Disposition, IsolationSpec, OnTimeout, Policy,
+    PolicyContext,
 };
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
@@ -1169,6 +1171,10 @@ impl Session {
                 return;
             }
         }
+        if let Some(failure) = self.approvals_timed_out(now) {
+            self.fail(failure);
+            return;
+        }
         let mut actions = Vec::new();
         if let Some(open) = self.state.open.as_mut() {
             for call in open.calls.iter_mut() {
@@ -1210,6 +1216,68 @@ impl Session {
         self.settle(now);
     }
 
+    /// Applies `onTimeout` to approvals whose time ran out: `approve` lets
+    /// the call run, `deny` denies it (the model is told); `fail` ends the
+    /// session, returned as its reason.
+    fn approvals_timed_out(&mut self, now: Millis) -> Option<String> {
+        let mut denials = Vec::new();
+        let mut approved = false;
+        let open = self.state.open.as_mut()?;
+        for call in open.calls.iter_mut() {
+            let waiting = call.state == CallState::Deferred
+                && call.waiting_for == Some(WaitingFor::Approval)
+                && call.deadline.is_some_and(|d| now >= d);
+            let Some(policy) = call.policy.decorators.approval_policy.clone() else {
+                continue;
+            };
+            if !waiting {
+                continue;
+            }
+            let secs = policy.timeout_seconds.unwrap_or(0);
+            let why = format!(
+                "no decision within {secs}s (onTimeout: {})",
+                policy.on_timeout.name()
+            );
+            match policy.on_timeout {
+                OnTimeout::Fail => {
+                    return Some(format!(
+                        "call {} of tool {}: {why}",
+                        call.id, call.call.name
+                    ))
+                }
+                OnTimeout::Approve => {
+                    call.approval = Some(Approval {
+                        approved: true,
+                        by: ENGINE_BY.into(),
+                        reason: Some(why),
+                    });
+                    call.deadline = None;
+                    approved |= call.transition(CallState::Ready).is_ok();
+                }
+                OnTimeout::Deny => {
+                    let result = super::acceptance::denial(ENGINE_BY, Some(&why));
+                    if call
+                        .finish(CallState::Completed, result.clone(), ENGINE_BY)
+                        .is_ok()
+                    {
+                        denials.extend(call.token.clone().map(|token| Action::RecordResult {
+                            token,
+                            result,
+                            by: ENGINE_BY.into(),
+                        }));
+                    }
+                }
+            }
+        }
+        for a in denials {
+            self.push_result(a);
+        }
+        if approved {
+            self.dispatch(now);
+        }
+        None
+    }
+
     // ---- the scheduler ------------------------------------------------
 
     /// Moves every ready call on according to its policy.
@@ -1222,9 +1290,12 @@ impl Session {
             .filter(|c| c.state == CallState::Ready);
         for call in ready {
             let token = ContinuationToken::for_call(&self.state.id, call.id);
-            let timeout = call.policy.decorators.timeout_seconds;
-            let deadline = timeout.map(|s| now.plus_secs(s).ceil_to_second());
             let needs_approval = call.policy.decorators.approval && call.approval.is_none();
+            let timeout = match &call.policy.decorators.approval_policy {
+                Some(p) if needs_approval && p.timeout_seconds.is_some() => p.timeout_seconds,
+                _ => call.policy.decorators.timeout_seconds,
+            };
+            let deadline = timeout.map(|s| now.plus_secs(s).ceil_to_second());
             let waiting = if needs_approval {
                 Some(WaitingFor::Approval)
             } else {

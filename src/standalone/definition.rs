@@ -332,7 +332,7 @@ spec:
     fn misspelt_decorators_are_refused_by_path() {
         let d = parse(FULL_POLICY, "f.yaml").unwrap();
         let rule = &d.agent.policy.rules[0];
-        assert!(rule.approval && rule.cache);
+        assert!(rule.approval == crate::api::agent::ApprovalSetting::Any(true) && rule.cache);
         assert_eq!(rule.timeout_seconds, Some(5));
 
         // Today's bug: `aproval` on a rule was dropped unseen, so the call

@@ -757,15 +757,34 @@ impl KubeStore {
         decision: &Decision,
     ) -> StoreResult<WriteOnce> {
         let judge = |rec: &ContinuationRecord| acceptance::decision(&rec.held(), decision.approved);
-        let status = |_: Continuation, _: ContinuationRecord| async move {
-            Ok(json!({
-                "decision": {
-                    "approved": decision.approved,
-                    "by": decision.by,
-                    "reason": decision.reason,
-                    "decidedAt": convert::time(decision.at),
+        let entry = json!({
+            "approved": decision.approved,
+            "by": decision.by,
+            "reason": decision.reason,
+            "decidedAt": convert::time(decision.at),
+        });
+        let status = |obj: Continuation, rec: ContinuationRecord| {
+            let entry = entry.clone();
+            async move {
+                if rec.spec.policy.decorators.approval_policy.is_none() {
+                    return Ok(json!({ "decision": entry }));
                 }
-            }))
+                let votes = obj.status.map(|s| s.decisions).unwrap_or_default();
+                if votes.iter().any(|v| v.by == decision.by) {
+                    return Err(StoreError::NotAccepting {
+                        token: token.clone(),
+                        why: format!(
+                            "{} has already decided this call; the policy needs different people",
+                            decision.by
+                        ),
+                    });
+                }
+                let mut list = serde_json::to_value(&votes).unwrap_or_default();
+                if let Some(a) = list.as_array_mut() {
+                    a.push(entry);
+                }
+                Ok(json!({ "decisions": list }))
+            }
         };
         self.write_once(token, "its decision", judge, status).await
     }
@@ -966,6 +985,25 @@ fn blob_key(uid: &str, name: &str) -> String {
     format!("{uid}/{name}")
 }
 
+/// The decision the votes of an approval policy add up to, if any yet.
+fn tally(votes: &[crate::api::continuation::DecisionStatus], quorum: u32) -> Option<Decision> {
+    let votes: Vec<acceptance::Vote<'_>> = votes
+        .iter()
+        .map(|d| acceptance::Vote {
+            approved: d.approved,
+            by: &d.by,
+            reason: d.reason.as_deref(),
+            at: convert::millis(&d.decided_at),
+        })
+        .collect();
+    acceptance::tally(&votes, quorum).map(|(approved, by, reason, at)| Decision {
+        approved,
+        by,
+        reason,
+        at,
+    })
+}
+
 fn controller_uid(c: &Continuation) -> Option<String> {
     c.owner_references()
         .iter()
@@ -1008,12 +1046,15 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
             Some(convert::millis(&o.completed_at)),
         ),
     };
-    let decision = status.decision.as_ref().map(|d| Decision {
-        approved: d.approved,
-        by: d.by.clone(),
-        reason: d.reason.clone(),
-        at: convert::millis(&d.decided_at),
-    });
+    let decision = match &spec.policy.decorators.approval_policy {
+        Some(policy) if !status.decisions.is_empty() => tally(&status.decisions, policy.quorum),
+        _ => status.decision.as_ref().map(|d| Decision {
+            approved: d.approved,
+            by: d.by.clone(),
+            reason: d.reason.clone(),
+            at: convert::millis(&d.decided_at),
+        }),
+    };
     Ok(ContinuationRecord {
         spec,
         result,
