@@ -260,7 +260,7 @@ impl Checkpointer<'_> {
         next.updated_at = now;
         match self.save_patiently(&next).await {
             Err(StoreError::TooLarge { id, why }) => {
-                self.fail_outgrown(&why, now).await?;
+                self.fail_outgrown(state, &why, now).await?;
                 Err(StoreError::TooLarge { id, why })
             }
             saved => {
@@ -272,15 +272,20 @@ impl Checkpointer<'_> {
         }
     }
 
-    /// The step's state cannot be stored, and never will be: the session as
-    /// last stored ends `Failed`, saying why. The step's work is not kept,
-    /// and no later step asks the model (or runs a tool) for it again.
+    /// The step's state (`attempted`) cannot be stored, and never will be:
+    /// the session as last stored ends `Failed`, saying why. The step's work
+    /// is not kept, and no later step asks the model (or runs a tool) for it
+    /// again, nor takes the same messages or retry again (they would outgrow
+    /// it again, step after step).
     async fn fail_outgrown(
         &mut self,
+        attempted: &SessionState,
         why: &str,
         now: crate::core::Millis,
     ) -> Result<(), StoreError> {
         let mut failed = self.record.clone();
+        failed.state.messages_taken = attempted.messages_taken;
+        failed.state.retries_taken = attempted.retries_taken;
         failed.state.fail(format!(
             "the session outgrew its store ({why}); the last step's work was not kept. Make results smaller (the truncate decorator, spec.maxResultBytes) or start a new session"
         ));

@@ -630,6 +630,48 @@ async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
     assert_eq!(model.calls(), 1);
 }
 
+/// A message whose turn cannot be stored (as with a spec that leaves no
+/// room) fails the session once: the next step does not take it again.
+#[tokio::test]
+async fn a_message_too_large_to_store_is_taken_once() {
+    let long = "long message ".repeat(200);
+    let mut store = MemStore::with_session(&[&long]);
+    let stored = serde_json::to_string(&store.session.lock().unwrap().as_ref().unwrap().0);
+    store.max_record_bytes = Some(stored.unwrap().len() + 1_000);
+    let model = Script::new(vec![text("never asked")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("h");
+    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
+    assert!(
+        matches!(
+            refused,
+            Err(EngineError::Store(StoreError::TooLarge { .. }))
+        ),
+        "{refused:?}"
+    );
+    let stored = store.state();
+    assert_eq!(
+        (stored.phase, stored.messages_taken),
+        (crate::core::Phase::Failed, 1)
+    );
+    let saves = store.saves.load(Ordering::SeqCst);
+    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.outcome, StepOutcome::Failed { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(
+        store.saves.load(Ordering::SeqCst),
+        saves,
+        "nothing written again"
+    );
+    assert_eq!(model.calls(), 0);
+}
+
 fn rule(tool: &str, disposition: crate::core::Disposition) -> crate::core::policy::Rule {
     crate::core::policy::Rule {
         tool: tool.into(),

@@ -243,12 +243,16 @@ impl Error {
     }
 
     /// Errors that retrying soon will not fix (stored data that cannot be
-    /// read); everything else (API errors, conflicts) is retried with backoff.
+    /// read, a session that no longer fits its object: retrying would ask
+    /// the model again); everything else (API errors, conflicts) is retried
+    /// with backoff.
     fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Error::Store(StoreError::Corrupt { .. })
-                | Error::Engine(EngineError::Store(StoreError::Corrupt { .. }))
+            Error::Store(StoreError::Corrupt { .. } | StoreError::TooLarge { .. })
+                | Error::Engine(EngineError::Store(
+                    StoreError::Corrupt { .. } | StoreError::TooLarge { .. }
+                ))
                 | Error::NoNamespace(_)
         )
     }
@@ -1250,7 +1254,9 @@ async fn publish(
 
 /// Ends a session that cannot go on as `Failed`, saying why: through the
 /// core's state when it can be read and written, else by its phase alone.
-/// A session already final is left as it is.
+/// A session already final is left as it is. The spec's messages and
+/// retry count as seen: taking them again would only fail again (a new
+/// message or retry restarts the session).
 async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) {
     let (Some(ns), name) = (session.namespace(), session.name_any()) else {
         return;
@@ -1261,6 +1267,8 @@ async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) 
         Ok(Some(loaded)) if loaded.value.state.phase.is_final() => return,
         Ok(Some(loaded)) => {
             let mut record = loaded.value;
+            record.state.messages_taken = record.input.messages.len() as u32;
+            record.state.retries_taken = record.input.retry;
             record.state.fail(reason.clone());
             record.updated_at = SystemClock.now();
             crate::ports::SessionPort::save(&store, &record, &loaded.version)
@@ -1271,15 +1279,7 @@ async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) 
     };
     if !failed_by_the_core {
         let api: Api<Session> = Api::namespaced(ctx.client.clone(), &ns);
-        let body = serde_json::json!({"status": {"phase": "Failed", "failure": reason}});
-        if let Err(e) = api
-            .patch_status(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&body),
-            )
-            .await
-        {
+        if let Err(e) = fail_by_phase(&api, &name, &reason).await {
             warn!(session = %format!("{ns}/{name}"), error = %e, "could not mark the session Failed");
             return;
         }
@@ -1292,6 +1292,25 @@ async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) 
         secondary: None,
     };
     publish(&ctx, &session.object_ref(&()), event).await;
+}
+
+/// Marks the session `Failed` in its status alone, with its spec's
+/// messages and retry seen when the spec can be read (afresh: the watched
+/// copy keeps no messages).
+async fn fail_by_phase(api: &Api<Session>, name: &str, reason: &str) -> Result<(), kube::Error> {
+    let mut status = serde_json::json!({"phase": "Failed", "failure": reason});
+    if let Ok(session) = api.get(name).await {
+        status["messagesSeen"] = session.spec.messages.len().into();
+        status["retriesSeen"] = session.spec.retry.unwrap_or(0).into();
+    }
+    let body = serde_json::json!({ "status": status });
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&body),
+    )
+    .await
+    .map(|_| ())
 }
 
 fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Action {

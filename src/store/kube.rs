@@ -25,7 +25,7 @@
 //! Sessions are created by `kubectl apply`; nothing here creates one.
 
 use crate::api::convert;
-use crate::api::session::SessionSpec;
+use crate::api::session::{SessionSpec, SessionStatus};
 use crate::api::{Agent, Continuation, Session};
 use crate::core::acceptance::{self, Verdict};
 use crate::core::conditions::{self, Status as CondStatus};
@@ -58,16 +58,22 @@ const MAX_RETRIES: usize = 8;
 
 /// What the last read or write of a session showed: what a status write
 /// must replace, and what it stamps.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Seen {
     status: Value,
     generation: Option<i64>,
     conditions: Vec<MetaCondition>,
     version: String,
+    /// What the rest of the object leaves for the status.
+    budget: spill::Budget,
 }
 
 fn seen_of(obj: &Session) -> Seen {
     Seen {
+        budget: spill::Budget::beside(
+            spill::stored_bytes(&obj.spec),
+            spill::stored_bytes(&obj.metadata),
+        ),
         status: status_json(obj),
         generation: obj.metadata.generation,
         conditions: obj
@@ -335,7 +341,7 @@ impl KubeStore {
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
         let prefix = blob_prefix(&id.0, &record.uid);
-        let blobs = spill::pack(&mut status, &prefix, spill::STATUS_BUDGET_BYTES);
+        let blobs = spill::pack(&mut status, &prefix, seen.budget.target);
         let owner = SessionRef {
             id: id.clone(),
             namespace: self.namespace.clone(),
@@ -343,16 +349,12 @@ impl KubeStore {
         };
         self.put_blobs(&owner, blobs).await?;
         let new = serde_json::to_value(&status).map_err(|e| StoreError::Backend(e.to_string()))?;
-        let size = new.to_string().len();
-        if size > spill::MAX_STATUS_BYTES {
-            return Err(StoreError::TooLarge {
+        seen.budget
+            .admit(spill::stored_bytes(&new))
+            .map_err(|why| StoreError::TooLarge {
                 id: id.clone(),
-                why: format!(
-                    "its status takes {size} bytes with all that can spill moved out; at most {} fit",
-                    spill::MAX_STATUS_BYTES
-                ),
-            });
-        }
+                why,
+            })?;
         let body = json!({
             "metadata": {"resourceVersion": expected.0},
             "status": merge_patch(&seen.status, &new),
@@ -488,10 +490,7 @@ impl KubeStore {
         for s in list.items {
             let name = s.name_any();
             let status = s.status.clone().unwrap_or_default();
-            let phase = match convert::session_state(&SessionId(name.clone()), &status) {
-                Ok(state) => state.phase,
-                Err(_) => crate::core::Phase::Idle,
-            };
+            let phase = listed_phase(&name, &status);
             let updated = status
                 .conditions
                 .iter()
@@ -960,7 +959,25 @@ pub fn session_record(obj: &Session) -> StoreResult<SessionRecord> {
     })
 }
 
-fn session_input(spec: &SessionSpec) -> SessionInput {
+/// The phase of a status as stored: spilled results do not parse as
+/// results, so the shown phase stands in where the turns cannot be read.
+fn listed_phase(name: &str, status: &SessionStatus) -> crate::core::Phase {
+    use crate::api::session::SessionPhase as Shown;
+    use crate::core::Phase;
+    if let Ok(state) = convert::session_state(&SessionId(name.into()), status) {
+        return state.phase;
+    }
+    match status.phase {
+        Shown::Succeeded => Phase::Succeeded,
+        Shown::Failed => Phase::Failed,
+        Shown::AwaitingModel => Phase::AwaitingModel,
+        Shown::Running => Phase::RunningTools,
+        Shown::Waiting => Phase::Waiting,
+        Shown::Pending | Shown::Paused => Phase::Idle,
+    }
+}
+
+pub(crate) fn session_input(spec: &SessionSpec) -> SessionInput {
     SessionInput {
         messages: spec.messages.clone(),
         paused: spec.paused,
@@ -1239,6 +1256,31 @@ fn result_bytes(result: &ToolResult) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_packed_status_lists_with_its_phase() {
+        use crate::core::conversation::{AgentTurn, ToolResultEntry, UserTurn};
+        use crate::core::{CallId, Turn};
+        let mut state = SessionState::new(SessionId("s".into()));
+        state.turns.push(Turn::User(UserTurn {
+            message: None,
+            tool_results: vec![ToolResultEntry {
+                call_id: CallId::new(1, 0),
+                model_call_id: "m".into(),
+                tool: "dump".into(),
+                token: None,
+                result: ToolResult::text("x".repeat(spill::INLINE_RESULT_BYTES * 2)),
+                truncate_bytes: None,
+            }],
+        }));
+        state.turns.push(Turn::Agent(AgentTurn::default()));
+        state.phase = crate::core::Phase::Succeeded;
+        let mut status = convert::session_status(&state);
+        assert!(!spill::pack(&mut status, "s", spill::STATUS_BUDGET_BYTES).is_empty());
+        let unread = convert::session_state(&SessionId("s".into()), &status);
+        assert!(unread.is_err(), "a spilled result reads as no result");
+        assert_eq!(listed_phase("s", &status), crate::core::Phase::Succeeded);
+    }
 
     #[tokio::test]
     async fn the_memory_cache_is_bounded_in_bytes() {

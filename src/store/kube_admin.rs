@@ -1,7 +1,7 @@
 //! The CLI's admin port over the API server (`--store kube`): commands
 //! change the Session's spec and the operator acts on it.
 
-use super::kube::{session_record, version_of, KubeStore};
+use super::kube::{session_input, version_of, KubeStore};
 use crate::api::{Agent, AgentSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::{
@@ -62,7 +62,8 @@ impl AdminPort for KubeStore {
                     .get_session(id)
                     .await?
                     .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-                let Some(patch) = input_patch(&session_record(&obj)?.input, change) else {
+                // From the spec alone: the stored status is packed.
+                let Some(patch) = input_patch(&session_input(&obj.spec), change) else {
                     return Ok(());
                 };
                 let version = version_of(&obj.metadata)?;

@@ -8,11 +8,18 @@
 //! - A success result whose JSON exceeds [`INLINE_RESULT_BYTES`] moves into
 //!   blobs (gzip, split into pieces of at most [`BLOB_BYTES`]); the status
 //!   keeps `{"spilled": {"blobs": [...], "sha256", "bytes"}}` in its place.
-//! - When the status still exceeds its budget, the oldest turns move into
-//!   blobs too, in chunks whose boundaries depend only on the turns before
-//!   them (turns never change), so a chunk, once written, is written again
-//!   with the same name and content: blobs are immutable and
-//!   content-named, and re-creating one is a no-op.
+//! - Tool-call arguments and agent text (the answer too) over
+//!   [`INLINE_TEXT_BYTES`] move the same way; the string keeps the same
+//!   marker as JSON text. A string that merely looks like a marker (a model
+//!   can write anything) is spilled too, so an inline marker is always one
+//!   this module wrote.
+//! - When the status still exceeds its [`Budget`], the oldest turns move
+//!   into blobs too, in chunks whose boundaries depend only on the turns
+//!   before them (turns never change), so a chunk, once written, is written
+//!   again with the same name and content: blobs are immutable and
+//!   content-named, and re-creating one is a no-op. The last
+//!   [`KEEP_RECENT_TURNS`] go last, only when the status is over budget
+//!   without them.
 //!
 //! Blobs become immutable ConfigMaps owned by the Session (garbage collected
 //! with it); this module only decides what goes where.
@@ -20,20 +27,27 @@
 use crate::api::session::{ArchivedTurnsStatus, SessionStatus, TurnStatus};
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::io::{Read, Write};
 
-/// The Session status budget: well under etcd's limit, so an object with
-/// metadata, spec and status never comes near it.
+/// What the Session status is packed down to when it can be: well under
+/// etcd's limit, so an object with metadata, spec and status stays far
+/// from it.
 pub const STATUS_BUDGET_BYTES: usize = 256 * 1024;
-/// The most a status may take once everything that can spill has: past
-/// it the write is refused before it is sent (etcd takes 1.5 MiB per
-/// request, spec and metadata included).
+/// The most a status may take once everything that can spill has.
 pub const MAX_STATUS_BYTES: usize = 1024 * 1024;
+/// The most a whole Session object (metadata, spec, status) may take as
+/// stored: etcd refuses requests over 1,572,864 bytes, and the request
+/// carries the key, `apiVersion` and `kind`, and the write's own
+/// managedFields entry besides (a few KiB at most).
+pub const MAX_OBJECT_BYTES: usize = 1_540_000;
 /// Results larger than this (as JSON) live in blobs.
 pub const INLINE_RESULT_BYTES: usize = 16 * 1024;
+/// Tool-call arguments and agent text larger than this live in blobs.
+pub const INLINE_TEXT_BYTES: usize = 16 * 1024;
 /// Largest blob: a ConfigMap holds at most 1 MiB of data, and its JSON
 /// form (base64) is a third larger; 512 KiB keeps that under 700 KB.
 pub const BLOB_BYTES: usize = 512 * 1024;
@@ -44,7 +58,8 @@ pub const BLOB_BYTES: usize = 512 * 1024;
 pub const MAX_SPILLED_BYTES: usize = 24 * 1024 * 1024;
 /// Target size of one archived chunk of turns (before compression).
 pub const CHUNK_BYTES: usize = 128 * 1024;
-/// Turns that always stay in the status, for `kubectl get -o yaml` readers.
+/// Turns kept in the status while it fits its budget, for `kubectl get -o
+/// yaml` readers; archived too when it does not.
 pub const KEEP_RECENT_TURNS: usize = 8;
 
 /// A blob to store: `name` is derived from the content.
@@ -52,6 +67,79 @@ pub const KEEP_RECENT_TURNS: usize = 8;
 pub struct Blob {
     pub name: String,
     pub data: Vec<u8>,
+}
+
+/// Where a spilled value went: `{"spilled": marker}` takes its place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Marker {
+    blobs: Vec<String>,
+    sha256: String,
+    bytes: u64,
+}
+
+/// A spilled string's stand-in, `{"spilled": {...}}` as JSON text.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpilledText {
+    spilled: Marker,
+}
+
+/// What a Session's status may take beside the rest of its object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// [`pack`] archives turns until the status fits this.
+    pub target: usize,
+    /// A packed status over this is refused before it is sent.
+    pub limit: usize,
+    /// The spec's size as stored.
+    pub spec: usize,
+    /// The metadata's size as stored (managedFields included).
+    pub metadata: usize,
+}
+
+impl Budget {
+    /// The budget beside a spec and metadata of these stored sizes: etcd
+    /// refuses the whole object, so a large spec leaves less room.
+    pub fn beside(spec: usize, metadata: usize) -> Budget {
+        let limit = MAX_OBJECT_BYTES
+            .saturating_sub(spec + metadata)
+            .min(MAX_STATUS_BYTES);
+        Budget {
+            target: limit.min(STATUS_BUDGET_BYTES),
+            limit,
+            spec,
+            metadata,
+        }
+    }
+
+    /// Whether a packed status of `size` bytes may be written; if not, why.
+    pub fn admit(&self, size: usize) -> Result<(), String> {
+        if size <= self.limit {
+            return Ok(());
+        }
+        let mut why = format!(
+            "its status takes {size} bytes with all that can spill moved out, and there is room for {}: its spec takes {} bytes and its metadata {}, and a Session object may take {MAX_OBJECT_BYTES} (its status at most {MAX_STATUS_BYTES})",
+            self.limit, self.spec, self.metadata
+        );
+        if self.spec > MAX_OBJECT_BYTES / 2 {
+            why.push_str(". Make the spec smaller: fewer or shorter messages, a shorter prompt, the agent in an Agent object");
+        }
+        Err(why)
+    }
+}
+
+/// The bytes `value` takes as the API server stores it: its JSON, where
+/// Go writes `<`, `>`, `&`, U+2028 and U+2029 as six-byte escapes.
+pub fn stored_bytes<T: Serialize + ?Sized>(value: &T) -> usize {
+    let json = serde_json::to_string(value).unwrap_or_default();
+    let html = json.bytes().filter(|b| b"<>&".contains(b)).count();
+    let separators = json.matches(['\u{2028}', '\u{2029}']).count();
+    json.len() + 5 * html + 3 * separators
+}
+
+fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    serde_json::to_vec(value).map(|v| v.len()).unwrap_or(0)
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -94,10 +182,10 @@ fn blob_name(session: &str, kind: &str, sha: &str, piece: Option<usize>) -> Stri
     }
 }
 
-/// Compresses `json` into blobs; returns the marker that replaces it.
-fn spill(session: &str, kind: &str, json: &[u8], out: &mut Vec<Blob>) -> Value {
-    let sha = sha256_hex(json);
-    let packed = gzip(json);
+/// Compresses `bytes` into blobs; returns the marker that replaces them.
+fn spill(session: &str, kind: &str, bytes: &[u8], out: &mut Vec<Blob>) -> Marker {
+    let sha = sha256_hex(bytes);
+    let packed = gzip(bytes);
     let pieces: Vec<&[u8]> = packed.chunks(BLOB_BYTES).collect();
     let single = pieces.len() == 1;
     let mut names = Vec::new();
@@ -109,7 +197,11 @@ fn spill(session: &str, kind: &str, json: &[u8], out: &mut Vec<Blob>) -> Value {
         });
         names.push(name);
     }
-    json!({"blobs": names, "sha256": sha, "bytes": json.len()})
+    Marker {
+        blobs: names,
+        sha256: sha,
+        bytes: bytes.len() as u64,
+    }
 }
 
 fn spill_result(session: &str, result: &mut Value, out: &mut Vec<Blob>) {
@@ -130,64 +222,111 @@ fn spill_result(session: &str, result: &mut Value, out: &mut Vec<Blob>) {
     result["response"] = json!({ "spilled": marker });
 }
 
-/// Moves large results and old turns out of `status`; returns the blobs
-/// the store must create (idempotently) before writing the status.
-pub fn pack(status: &mut SessionStatus, session: &str, budget: usize) -> Vec<Blob> {
-    let mut blobs = Vec::new();
+/// The marker `text` stands for, if it is one.
+fn marker_in(text: &str) -> Option<Marker> {
+    if !text.trim_start().starts_with('{') || !text.contains("spilled") {
+        return None;
+    }
+    serde_json::from_str::<SpilledText>(text)
+        .ok()
+        .map(|s| s.spilled)
+}
+
+/// Moves a long string (or one that looks like a marker) into blobs of
+/// `kind`, leaving the marker as its text.
+fn spill_text(session: &str, kind: &str, text: &mut String, out: &mut Vec<Blob>) {
+    if text.len() <= INLINE_TEXT_BYTES && marker_in(text).is_none() {
+        return;
+    }
+    let marker = spill(session, kind, text.as_bytes(), out);
+    *text = json!({ "spilled": marker }).to_string();
+}
+
+fn spill_turn(session: &str, turn: &mut TurnStatus, out: &mut Vec<Blob>) {
+    for r in turn.tool_results.iter_mut() {
+        spill_result(session, &mut r.result, out);
+    }
+    for c in turn.tool_calls.iter_mut() {
+        spill_text(session, "a", &mut c.arguments, out);
+    }
+    if let Some(text) = turn.text.as_mut() {
+        spill_text(session, "x", text, out);
+    }
+}
+
+/// Spills every large result, argument and text, wherever it is.
+fn spill_values(status: &mut SessionStatus, session: &str, out: &mut Vec<Blob>) {
     for turn in status.turns.iter_mut() {
-        for r in turn.tool_results.iter_mut() {
-            spill_result(session, &mut r.result, &mut blobs);
-        }
+        spill_turn(session, turn, out);
     }
     if let Some(open) = status.open_turn.as_mut() {
         for c in open.calls.iter_mut() {
+            spill_text(session, "a", &mut c.call.arguments, out);
             if let Some(r) = c.result.as_mut() {
-                spill_result(session, r, &mut blobs);
+                spill_result(session, r, out);
             }
         }
     }
-    // Chunks from the first turn on; only full chunks are archived, and only
-    // while the status is over budget.
-    let size = |s: &SessionStatus| serde_json::to_vec(s).map(|v| v.len()).unwrap_or(0);
-    let mut archived: Vec<ArchivedTurnsStatus> = Vec::new();
-    let mut turns: std::collections::VecDeque<TurnStatus> =
-        std::mem::take(&mut status.turns).into();
-    let mut first_turn = 0u32;
-    loop {
-        status.turns = turns.iter().cloned().collect();
-        status.archived_turns = archived.clone();
-        if size(status) <= budget || turns.len() <= KEEP_RECENT_TURNS {
-            break;
-        }
-        // The next full chunk, if the turns after it leave enough inline.
-        let mut chunk = Vec::new();
-        let mut bytes = 0;
-        while turns.len() > KEEP_RECENT_TURNS {
-            let t = &turns[0];
-            let b = serde_json::to_vec(t).map(|v| v.len()).unwrap_or(0);
-            if !chunk.is_empty() && bytes + b > CHUNK_BYTES {
-                break;
-            }
-            bytes += b;
-            chunk.push(turns.pop_front().expect("checked"));
-        }
-        let json = serde_json::to_vec(&chunk).expect("turns serialise");
-        let marker = spill(session, "t", &json, &mut blobs);
-        archived.push(ArchivedTurnsStatus {
-            first_turn,
-            turns: chunk.len() as u32,
-            blobs: marker["blobs"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            sha256: marker["sha256"].as_str().unwrap_or_default().to_string(),
-        });
-        first_turn += chunk.len() as u32;
+    if let Some(answer) = status.answer.as_mut() {
+        // The last agent text: the same blob.
+        spill_text(session, "x", answer, out);
     }
+}
+
+/// How many of `turns` (at least one) make the next chunk.
+fn chunk_len(turns: &[TurnStatus]) -> usize {
+    let mut bytes = 0;
+    turns
+        .iter()
+        .take_while(|t| {
+            bytes += json_len(t);
+            bytes <= CHUNK_BYTES
+        })
+        .count()
+        .max(1)
+}
+
+fn archive(
+    session: &str,
+    first_turn: u32,
+    chunk: &[TurnStatus],
+    out: &mut Vec<Blob>,
+) -> ArchivedTurnsStatus {
+    let json = serde_json::to_vec(chunk).expect("turns serialise");
+    let marker = spill(session, "t", &json, out);
+    ArchivedTurnsStatus {
+        first_turn,
+        turns: chunk.len() as u32,
+        blobs: marker.blobs,
+        sha256: marker.sha256,
+    }
+}
+
+/// Archives the oldest turns, chunk by chunk, while the status is over
+/// `target`: first down to [`KEEP_RECENT_TURNS`], then down to none (the
+/// open turn stays, as do the fields that are not turns).
+fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: &mut Vec<Blob>) {
+    let mut first_turn = 0;
+    for keep in [KEEP_RECENT_TURNS, 0] {
+        while status.turns.len() > keep && stored_bytes(status) > target {
+            let n = chunk_len(&status.turns[..status.turns.len() - keep]);
+            let chunk: Vec<TurnStatus> = status.turns.drain(..n).collect();
+            status
+                .archived_turns
+                .push(archive(session, first_turn, &chunk, out));
+            first_turn += n as u32;
+        }
+    }
+}
+
+/// Moves large values, then old turns, out of `status` (as built from the
+/// state: nothing spilled or archived yet) until it fits `target` or no
+/// turn is left; returns the blobs the store must create (idempotently)
+/// before writing the status.
+pub fn pack(status: &mut SessionStatus, session: &str, target: usize) -> Vec<Blob> {
+    let mut blobs = Vec::new();
+    spill_values(status, session, &mut blobs);
+    archive_turns(status, session, target, &mut blobs);
     blobs
 }
 
@@ -248,15 +387,46 @@ where
     Ok(())
 }
 
-/// Puts back what [`pack`] moved out, reading blobs through `fetch`.
-pub async fn unpack<F, Fut>(status: &mut SessionStatus, fetch: F) -> Result<(), String>
+async fn unspill_text<F, Fut>(text: &mut String, fetch: &F) -> Result<(), String>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, String>>,
+{
+    let Some(marker) = marker_in(text) else {
+        return Ok(());
+    };
+    let bytes = read_blobs(&marker.blobs, &marker.sha256, fetch).await?;
+    *text = String::from_utf8(bytes)
+        .map_err(|_| format!("spilled text in {} is not UTF-8", marker.blobs.join(", ")))?;
+    Ok(())
+}
+
+async fn unspill_turn<F, Fut>(turn: &mut TurnStatus, fetch: &F) -> Result<(), String>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, String>>,
+{
+    for r in turn.tool_results.iter_mut() {
+        unspill_result(&mut r.result, fetch).await?;
+    }
+    for c in turn.tool_calls.iter_mut() {
+        unspill_text(&mut c.arguments, fetch).await?;
+    }
+    if let Some(text) = turn.text.as_mut() {
+        unspill_text(text, fetch).await?;
+    }
+    Ok(())
+}
+
+/// Puts the archived turns back in front of the inline ones.
+async fn unarchive<F, Fut>(status: &mut SessionStatus, fetch: &F) -> Result<(), String>
 where
     F: Fn(String) -> Fut,
     Fut: Future<Output = Result<Vec<u8>, String>>,
 {
     let mut turns = Vec::new();
     for a in std::mem::take(&mut status.archived_turns) {
-        let json = read_blobs(&a.blobs, &a.sha256, &fetch).await?;
+        let json = read_blobs(&a.blobs, &a.sha256, fetch).await?;
         let chunk: Vec<TurnStatus> = serde_json::from_slice(&json).map_err(|e| {
             format!(
                 "archived turns in {} are not readable: {e}",
@@ -267,17 +437,29 @@ where
     }
     turns.append(&mut status.turns);
     status.turns = turns;
+    Ok(())
+}
+
+/// Puts back what [`pack`] moved out, reading blobs through `fetch`.
+pub async fn unpack<F, Fut>(status: &mut SessionStatus, fetch: F) -> Result<(), String>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>, String>>,
+{
+    unarchive(status, &fetch).await?;
     for turn in status.turns.iter_mut() {
-        for r in turn.tool_results.iter_mut() {
-            unspill_result(&mut r.result, &fetch).await?;
-        }
+        unspill_turn(turn, &fetch).await?;
     }
     if let Some(open) = status.open_turn.as_mut() {
         for c in open.calls.iter_mut() {
+            unspill_text(&mut c.call.arguments, &fetch).await?;
             if let Some(r) = c.result.as_mut() {
                 unspill_result(r, &fetch).await?;
             }
         }
+    }
+    if let Some(answer) = status.answer.as_mut() {
+        unspill_text(answer, &fetch).await?;
     }
     Ok(())
 }
@@ -386,6 +568,221 @@ mod tests {
         }))
         .unwrap_err();
         assert!(err.contains("checksum"), "{err}");
+    }
+
+    /// Incompressible text of `n` bytes: hex of hashes, numbered by `seed`.
+    fn noise(seed: u32, n: usize) -> String {
+        let mut s = String::with_capacity(n + 64);
+        let mut i = 0u32;
+        while s.len() < n {
+            s.push_str(&sha256_hex(&[seed.to_be_bytes(), i.to_be_bytes()].concat()));
+            i += 1;
+        }
+        s.truncate(n);
+        s
+    }
+
+    fn big_call(turn: u32, i: u32) -> crate::core::ToolCall {
+        crate::core::ToolCall {
+            model_call_id: format!("m{turn}-{i}"),
+            name: "echo".into(),
+            arguments: json!({ "text": noise(turn * 100 + i, 300_000) }).to_string(),
+        }
+    }
+
+    /// Four agent turns, each with a 300 KB argument and 100 KB of text, and
+    /// an open turn whose calls carry the last turn's arguments.
+    fn chatty_state() -> SessionState {
+        let mut s = SessionState::new(SessionId("chatty".into()));
+        for turn in 1..=4u32 {
+            s.turns.push(Turn::User(UserTurn {
+                message: Some(format!("go on {turn}")),
+                tool_results: Vec::new(),
+            }));
+            s.turns.push(Turn::Agent(AgentTurn {
+                text: Some(noise(turn, 100_000)),
+                tool_calls: vec![big_call(turn, 0)],
+                ..Default::default()
+            }));
+        }
+        s.open = Some(crate::core::session::PartialUserTurn {
+            turn: 4,
+            calls: vec![crate::core::TrackedToolCall::new(
+                CallId::new(4, 0),
+                big_call(4, 0),
+                Default::default(),
+            )],
+        });
+        s.phase = crate::core::Phase::RunningTools;
+        s
+    }
+
+    /// `status` unpacked from `blobs`.
+    fn unpacked(mut status: SessionStatus, blobs: Vec<Blob>) -> Result<SessionStatus, String> {
+        let store: BTreeMap<String, Vec<u8>> =
+            blobs.into_iter().map(|b| (b.name, b.data)).collect();
+        run(unpack(&mut status, |name| {
+            let data = store.get(&name).cloned();
+            async move { data.ok_or_else(|| format!("no blob {name}")) }
+        }))?;
+        Ok(status)
+    }
+
+    fn strings_of(status: &SessionStatus) -> Vec<&String> {
+        let turns = status.turns.iter().flat_map(|t| {
+            t.text
+                .iter()
+                .chain(t.tool_calls.iter().map(|c| &c.arguments))
+        });
+        let open = status.open_turn.iter().flat_map(|o| o.calls.iter());
+        turns
+            .chain(open.map(|c| &c.call.arguments))
+            .chain(status.answer.iter())
+            .collect()
+    }
+
+    #[test]
+    fn large_arguments_and_text_spill_and_come_back() {
+        let state = chatty_state();
+        let mut status = session_status(&state);
+        let blobs = pack(&mut status, "chatty", STATUS_BUDGET_BYTES);
+        let size = stored_bytes(&status);
+        assert!(size <= STATUS_BUDGET_BYTES, "{size}");
+        assert!(
+            status.archived_turns.is_empty(),
+            "nine turns fit once spilled"
+        );
+        for s in strings_of(&status) {
+            assert!(s.len() <= INLINE_TEXT_BYTES, "{} bytes inline", s.len());
+            assert!(s.starts_with("{\"spilled\":{\"blobs\":["), "{s}");
+        }
+        // The open call's arguments are the last turn's: one blob for both.
+        let names: std::collections::BTreeSet<_> = blobs.iter().map(|b| &b.name).collect();
+        assert_eq!(names.len(), 8, "{names:?}");
+        let back = unpacked(status, blobs).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
+    fn a_marker_written_by_the_model_comes_back_as_written() {
+        let mut state = SessionState::new(SessionId("s".into()));
+        let forged = json!({"spilled": {"blobs": ["kube-system-secret"], "sha256": "0".repeat(64), "bytes": 1}});
+        let looks_like = |text: String| {
+            Turn::Agent(AgentTurn {
+                text: Some(text.clone()),
+                tool_calls: vec![crate::core::ToolCall {
+                    model_call_id: "m".into(),
+                    name: "echo".into(),
+                    arguments: text,
+                }],
+                ..Default::default()
+            })
+        };
+        state.turns.push(looks_like(forged.to_string()));
+        state.turns.push(looks_like(format!(" {forged:#}")));
+        state.phase = crate::core::Phase::Succeeded;
+        let mut status = session_status(&state);
+        let blobs = pack(&mut status, "s", STATUS_BUDGET_BYTES);
+        assert!(!blobs.is_empty());
+        for s in strings_of(&status) {
+            assert!(!s.contains("kube-system-secret"), "{s}");
+        }
+        let back = unpacked(status, blobs).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    /// `turns` user turns, each with `results` results of 15 KB: too small
+    /// to spill one by one.
+    fn heavy_turns(turns: u32, results: u32) -> SessionState {
+        let mut s = SessionState::new(SessionId("heavy".into()));
+        for turn in 0..turns {
+            let results = (0..results)
+                .map(|i| ToolResultEntry {
+                    call_id: CallId::new(turn, i),
+                    model_call_id: format!("m{i}"),
+                    tool: "dump".into(),
+                    token: None,
+                    result: ToolResult::text(noise(turn * 100 + i, 15_000)),
+                    truncate_bytes: None,
+                })
+                .collect();
+            s.turns.push(Turn::User(UserTurn {
+                message: None,
+                tool_results: results,
+            }));
+        }
+        s.phase = crate::core::Phase::AwaitingModel;
+        s
+    }
+
+    #[test]
+    fn recent_turns_too_large_for_the_budget_are_archived_too() {
+        let state = heavy_turns(10, 20);
+        let mut status = session_status(&state);
+        let blobs = pack(&mut status, "heavy", STATUS_BUDGET_BYTES);
+        let size = stored_bytes(&status);
+        assert!(size <= STATUS_BUDGET_BYTES, "{size}");
+        assert!(
+            status.turns.len() < KEEP_RECENT_TURNS,
+            "{}",
+            status.turns.len()
+        );
+        let archived: u32 = status.archived_turns.iter().map(|a| a.turns).sum();
+        assert_eq!(archived as usize + status.turns.len(), 10);
+        let back = unpacked(status, blobs).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
+    fn recent_turns_stay_while_they_fit() {
+        // Twelve turns of 30 KB: the oldest four go, eight fit.
+        let state = heavy_turns(12, 2);
+        let mut status = session_status(&state);
+        pack(&mut status, "heavy", STATUS_BUDGET_BYTES);
+        assert!(!status.archived_turns.is_empty());
+        assert_eq!(status.turns.len(), KEEP_RECENT_TURNS);
+    }
+
+    #[test]
+    fn a_large_spec_leaves_less_room_for_the_status() {
+        let roomy = Budget::beside(2_000, 1_000);
+        assert_eq!(
+            (roomy.target, roomy.limit),
+            (STATUS_BUDGET_BYTES, MAX_STATUS_BYTES)
+        );
+        let tight = Budget::beside(1_400_000, 2_000);
+        assert_eq!(tight.limit, MAX_OBJECT_BYTES - 1_402_000);
+        assert_eq!(tight.target, tight.limit);
+        // The heavy turns pack into what the spec leaves, archiving all.
+        let state = heavy_turns(10, 20);
+        let mut status = session_status(&state);
+        let blobs = pack(&mut status, "heavy", tight.target);
+        let size = stored_bytes(&status);
+        assert!(tight.admit(size).is_ok(), "{size} > {}", tight.limit);
+        assert!(status.turns.is_empty());
+        let back = unpacked(status, blobs).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
+    fn a_spec_that_leaves_no_room_is_refused_saying_so() {
+        let full = Budget::beside(1_539_500, 900);
+        let mut status = session_status(&heavy_turns(1, 20));
+        pack(&mut status, "heavy", full.target);
+        let why = full.admit(stored_bytes(&status)).unwrap_err();
+        assert!(why.contains("its spec takes 1539500 bytes"), "{why}");
+        assert!(why.contains("Make the spec smaller"), "{why}");
+        let why = Budget::beside(1_000, 900)
+            .admit(MAX_STATUS_BYTES + 1)
+            .unwrap_err();
+        assert!(!why.contains("Make the spec smaller"), "{why}");
+    }
+
+    #[test]
+    fn stored_size_counts_what_go_escapes() {
+        assert_eq!(stored_bytes("a<b>&"), "\"a<b>&\"".len() + 3 * 5);
+        assert_eq!(stored_bytes("\u{2028}"), 2 + 3 + 3);
+        assert_eq!(stored_bytes("\u{8}\n"), "\"\\b\\n\"".len());
     }
 
     #[test]
