@@ -1006,72 +1006,19 @@ spec:
     ns.delete(&client).await;
 }
 
-/// A kubeconfig that authenticates as service account `sa` of `ns`.
-fn service_account_kubeconfig(ns: &str, sa: &str) -> PathBuf {
-    let token = kubectl_ok(["create", "token", sa, "-n", ns, "--duration=1h"]);
-    let admin: Value =
-        serde_norway::from_str(&std::fs::read_to_string(kubeconfig()).unwrap()).unwrap();
-    let cluster = admin["clusters"][0]["cluster"].clone();
-    let config = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": cluster}],
-        "users": [{"name": sa, "user": {"token": token.trim()}}],
-        "contexts": [{"name": "ctx", "context": {"cluster": "test", "user": sa, "namespace": ns}}],
-        "current-context": "ctx",
-    });
-    let path = std::env::temp_dir().join(format!("agents-{ns}-{sa}.kubeconfig"));
-    std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();
-    path
-}
-
-/// Cluster-scoped objects a test created, deleted when it ends.
-struct ClusterScoped(Vec<String>);
-
-impl Drop for ClusterScoped {
-    fn drop(&mut self) {
-        for object in &self.0 {
-            let _ = kubectl([
-                "delete",
-                object.as_str(),
-                "--ignore-not-found",
-                "--wait=false",
-            ]);
-        }
-    }
-}
-
-/// The chart's RBAC, rendered for release `release` in `ns` (the template
-/// uses only `.Release.Name` and `.Release.Namespace`).
-/// The chart's RBAC and ServiceAccount, rendered by helm (built by
-/// tests/cluster/build) with the release's objects named `<release>-...`.
+/// The chart's RBAC and ServiceAccount, with the release's objects named
+/// `<release>-...`.
 fn rbac_manifests(release: &str, ns: &str) -> String {
-    let helm = std::fs::read_dir(support::BINARY_CACHE)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("helm-"))
-        .map(|e| e.path().join("helm"))
-        .find(|p| p.is_file())
-        .expect("helm, built by tests/cluster/build");
-    let out = Command::new(helm)
-        .args(["template", release])
-        .arg(support::repo_root().join("charts/agents"))
-        .args([
-            "--namespace",
-            ns,
-            "--set",
-            &format!("fullnameOverride={release}"),
-        ])
-        .args(["--show-only", "templates/rbac.yaml"])
-        .args(["--show-only", "templates/serviceaccount.yaml"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    support::helm_template(
+        release,
+        ns,
+        &[
+            "--show-only",
+            "templates/rbac.yaml",
+            "--show-only",
+            "templates/serviceaccount.yaml",
+        ],
+    )
 }
 
 /// A Session that waits for an outside party's result.
@@ -1110,7 +1057,7 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
     let release = ns.name.clone();
     // Cluster-scoped: not deleted with the namespace, so deleted on drop
     // (also when the test fails).
-    let _cluster_scoped = ClusterScoped(vec![
+    let _cluster_scoped = support::ClusterScoped(vec![
         format!("clusterrole/{release}-operator"),
         format!("clusterrolebinding/{release}-operator"),
         format!("clusterrole/{release}-completer"),
@@ -1140,8 +1087,9 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
         &format!("--clusterrole={release}-completer"),
         &format!("--serviceaccount={}:completer", team.name),
     ]);
-    let operator_config = service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
-    let completer_config = service_account_kubeconfig(&team.name, "completer");
+    let operator_config =
+        support::service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
+    let completer_config = support::service_account_kubeconfig(&team.name, "completer");
     apply(&team.name, GUARDED);
     apply(&ns.name, GUARDED);
     let operator = Operator::start_watching(&[&ns.name, &team.name], &operator_config, "rbac");

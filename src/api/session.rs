@@ -349,14 +349,18 @@ pub struct AppliedDecoratorsStatus {
     /// one decision by anyone RBAC allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_policy: Option<ApprovalPolicySpec>,
+    /// Give up after this many seconds (run time, or wait when deferred).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31_536_000))]
     pub timeout_seconds: Option<u64>,
+    /// Extra attempts after a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 20))]
     pub retries: Option<u32>,
+    /// A result may be reused for the same tool and arguments.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cache: bool,
+    /// Results are capped at this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16_777_216))]
     pub truncate_bytes: Option<u64>,

@@ -247,16 +247,20 @@ pub enum SessionCommand {
         #[arg(long)]
         error: bool,
         /// Who completes it (recorded with the result).
-        #[arg(long, env = "USER", default_value = "cli")]
-        by: String,
+        /// Who decides (standalone: default $USER); in a cluster, your
+        /// user name as the API server knows it, which is the default.
+        #[arg(long)]
+        by: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },
     /// Approve a call that waits for approval; it then runs per its policy.
     Approve {
         token: String,
-        #[arg(long, env = "USER", default_value = "cli")]
-        by: String,
+        /// Who decides (standalone: default $USER); in a cluster, your
+        /// user name as the API server knows it, which is the default.
+        #[arg(long)]
+        by: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -266,8 +270,10 @@ pub enum SessionCommand {
         /// Why, for the model.
         #[arg(long)]
         reason: Option<String>,
-        #[arg(long, env = "USER", default_value = "cli")]
-        by: String,
+        /// Who decides (standalone: default $USER); in a cluster, your
+        /// user name as the API server knows it, which is the default.
+        #[arg(long)]
+        by: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },

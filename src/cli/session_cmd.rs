@@ -46,7 +46,9 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         | SessionCommand::Approve { token, by, .. }
         | SessionCommand::Deny { token, by, .. } => {
             check_name("token", token)?;
-            check_by(by)?;
+            if let Some(by) = by {
+                check_by(by)?;
+            }
         }
     }
     block_on(async move {
@@ -93,17 +95,17 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
                 };
                 let result =
                     commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
-                commands::complete(&token, result, &by, &sel(&store)).await
+                commands::complete(&token, result, by.as_deref(), &sel(&store)).await
             }
             SessionCommand::Approve { token, by, store } => {
-                commands::decide(&token, true, None, &by, &sel(&store)).await
+                commands::decide(&token, true, None, by.as_deref(), &sel(&store)).await
             }
             SessionCommand::Deny {
                 token,
                 reason,
                 by,
                 store,
-            } => commands::decide(&token, false, reason, &by, &sel(&store)).await,
+            } => commands::decide(&token, false, reason, by.as_deref(), &sel(&store)).await,
             SessionCommand::RunIsolated {
                 session,
                 timeout_seconds,

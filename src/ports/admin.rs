@@ -42,6 +42,14 @@ pub trait AdminPort: StorePorts {
     /// Where the sessions live, for messages: `in namespace team-a`.
     fn place(&self) -> String;
 
+    /// Who the person at the keyboard is, to sign decisions and results:
+    /// in a cluster, the user the API server authenticates (its admission
+    /// policy refuses any other name); standalone, `$USER`.
+    fn identity(&self) -> BoxFuture<'_, StoreResult<String>> {
+        let user = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+        Box::pin(async move { Ok(user) })
+    }
+
     /// Every session, by id.
     fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>>;
 

@@ -442,13 +442,23 @@ async fn open_continuation(
     Ok((store, token, record))
 }
 
+/// The name a decision or result is signed with: `--by`, else who the
+/// store says the user is.
+async fn signer(store: &AnyStore, by: Option<&str>) -> anyhow::Result<String> {
+    match by {
+        Some(by) => Ok(by.to_string()),
+        None => Ok(store.identity().await?),
+    }
+}
+
 pub async fn complete(
     token: &str,
     result: ToolResult,
-    by: &str,
+    by: Option<&str>,
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
     let (store, token, record) = open_continuation(sel, token).await?;
+    let by = &signer(&store, by).await?;
     if record.spec.waiting_for == WaitingFor::Approval && record.decision.is_none() {
         bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
     }
@@ -517,10 +527,11 @@ pub async fn decide(
     token: &str,
     approved: bool,
     reason: Option<String>,
-    by: &str,
+    by: Option<&str>,
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
     let (store, token, record) = open_continuation(sel, token).await?;
+    let by = &signer(&store, by).await?;
     if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
         bail!(
             "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",

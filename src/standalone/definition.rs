@@ -107,7 +107,36 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
     // Build once now so every mistake surfaces before anything is stored.
     def.build(crate::core::Millis(0), &crate::agent::NoSecrets)
         .map_err(semantic)?;
+    no_named_approvers(&def.agent).map_err(semantic)?;
     Ok(def)
+}
+
+/// Standalone has no users to check a decision against: a policy naming
+/// approvers or a quorum would look enforced and be not.
+fn no_named_approvers(agent: &AgentSpec) -> Result<(), String> {
+    use crate::api::agent::ApprovalSetting;
+    let policy = &agent.policy;
+    let settings = policy
+        .default_decorators
+        .iter()
+        .map(|d| ("policy.defaultDecorators.approval".to_string(), &d.approval))
+        .chain(
+            policy
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("policy.rules[{i}].approval"), &r.approval)),
+        );
+    for (path, setting) in settings {
+        if let ApprovalSetting::Policy(p) = setting {
+            if p.approvers.is_some() || p.quorum.is_some_and(|q| q > 1) {
+                return Err(format!(
+                    "{path}: approvers and quorum are enforced by a cluster's API server, and standalone has no users to check; here use `approval: true` (or timeoutSeconds/onTimeout alone): decisions are signed with --by"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fields a manifest may have at its top, as `kubectl apply` knows

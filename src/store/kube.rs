@@ -104,6 +104,7 @@ pub struct KubeStore {
     configmaps: Api<ConfigMap>,
     /// Spilled blobs read or written (immutable, so never stale).
     blobs: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    client: Client,
 }
 
 /// A Continuation result larger than this (as JSON) spills into blobs; a
@@ -119,7 +120,8 @@ impl KubeStore {
             sessions: Api::namespaced(client.clone(), namespace),
             continuations: Api::namespaced(client.clone(), namespace),
             agents: Api::namespaced(client.clone(), namespace),
-            configmaps: Api::namespaced(client, namespace),
+            configmaps: Api::namespaced(client.clone(), namespace),
+            client,
             blobs: Default::default(),
             extra: Vec::new(),
             seen: Default::default(),
@@ -302,6 +304,25 @@ impl KubeStore {
                 .insert(key, blob.data);
         }
         Ok(())
+    }
+
+    /// The user name the API server knows this client by.
+    pub async fn identity(&self) -> StoreResult<String> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let api: Api<SelfSubjectReview> = Api::all(self.client.clone());
+        let review = api
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!("asking the API server who this client is: {e}"))
+            })?;
+        review
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .ok_or_else(|| {
+                StoreError::Backend("the API server did not say who this client is".into())
+            })
     }
 
     /// The session object, or `None`.

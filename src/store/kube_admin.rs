@@ -33,6 +33,9 @@ impl AdminPort for KubeStore {
     fn place(&self) -> String {
         format!("in namespace {}", self.namespace())
     }
+    fn identity(&self) -> BoxFuture<'_, StoreResult<String>> {
+        Box::pin(KubeStore::identity(self))
+    }
     fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>> {
         Box::pin(self.list_sessions())
     }

@@ -522,3 +522,71 @@ pub fn api_writes() -> BTreeMap<(String, String), u64> {
     }
     out
 }
+
+/// A kubeconfig that authenticates as service account `sa` of `ns`.
+pub fn service_account_kubeconfig(ns: &str, sa: &str) -> PathBuf {
+    let token = kubectl_ok(["create", "token", sa, "-n", ns, "--duration=1h"]);
+    let admin_path = kubeconfig_path().expect("the test cluster's kubeconfig");
+    let admin: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(admin_path).unwrap()).unwrap();
+    let cluster = admin["clusters"][0]["cluster"].clone();
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": token.trim()}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "test", "user": sa, "namespace": ns}}],
+        "current-context": "ctx",
+    });
+    let path = std::env::temp_dir().join(format!("agents-{ns}-{sa}.kubeconfig"));
+    std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// Cluster-scoped objects a test created (`kind/name`), deleted when it
+/// ends, also when it fails.
+pub struct ClusterScoped(pub Vec<String>);
+
+impl Drop for ClusterScoped {
+    fn drop(&mut self) {
+        for object in &self.0 {
+            let _ = kubectl([
+                "delete",
+                object.as_str(),
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+    }
+}
+
+/// The chart rendered by helm (built by tests/cluster/build) for release
+/// `release` in `ns`, its objects named `<release>-...`; `args` adds
+/// `--set` and `--show-only`.
+pub fn helm_template(release: &str, ns: &str, args: &[&str]) -> String {
+    let helm = std::fs::read_dir(BINARY_CACHE)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("helm-"))
+        .map(|e| e.path().join("helm"))
+        .find(|p| p.is_file())
+        .expect("helm, built by tests/cluster/build");
+    let out = Command::new(helm)
+        .args(["template", release])
+        .arg(repo_root().join("charts/agents"))
+        .args([
+            "--namespace",
+            ns,
+            "--set",
+            &format!("fullnameOverride={release}"),
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
