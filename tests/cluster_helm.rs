@@ -645,7 +645,12 @@ async fn install_upgrade_and_uninstall_with_the_roles_they_grant() {
 
     // Without --wait: the operator image may not be in the cluster, and the
     // objects are what this test is about.
-    helm_ok(["install", &release, &chart, "-n", &ns.name]);
+    // The approvals policy only here: other tests' operators run beside.
+    let only_here = format!(
+        "approvals.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={}",
+        ns.name
+    );
+    helm_ok(["install", &release, &chart, "-n", &ns.name, "--set", &only_here]);
     let objects = release_objects(&ns.name, &release);
     for want in [
         format!("deployment.apps/{release}-operator"),
@@ -768,6 +773,8 @@ async fn install_upgrade_and_uninstall_with_the_roles_they_grant() {
         &chart,
         "-n",
         &ns.name,
+        "--set",
+        &only_here,
         "--set",
         "replicas=1",
         "--set",
@@ -896,7 +903,8 @@ async fn helm_install_runs_the_requested_flow_across_a_leader_change() {
         &ns.name,
         "--set",
         &format!("image.repository={repository}"),
-        "--set",
+        // A tag of digits only is a number to --set.
+        "--set-string",
         &format!("image.tag={tag}"),
         "--set",
         &format!("watchNamespaces={{{}}}", ns.name),
