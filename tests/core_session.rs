@@ -1237,3 +1237,32 @@ fn a_paused_session_collects_what_runs_and_starts_nothing() {
         "the model waits for resume: {after:?}"
     );
 }
+
+#[test]
+fn a_failed_session_takes_no_decision_until_retried() {
+    let mut s = started(config_with_approval());
+    reply(&mut s, vec![call("m", "bash", "{}")]);
+    drain(&mut s);
+    let mut failed = s.state().clone();
+    failed.fail("stopped".into());
+    let mut s = Session::restore_quiet(failed, config_with_approval());
+    let out = s
+        .handle(
+            Event::Decide {
+                token: token("t1-c0"),
+                approved: false,
+                by: "carol".into(),
+                reason: None,
+            },
+            T0,
+        )
+        .unwrap();
+    assert_eq!(out, Handled::Wake(WakeOutcome::Unknown));
+    assert!(drain(&mut s).is_empty(), "nothing to record for a failed session");
+}
+
+fn config_with_approval() -> SessionConfig {
+    let mut cfg = config();
+    cfg.policy.rules[1].decorators.approval = true;
+    cfg
+}

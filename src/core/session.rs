@@ -619,6 +619,15 @@ impl Session {
     }
 
     pub fn handle(&mut self, event: Event, now: Millis) -> Result<Handled, CoreError> {
+        let outside = matches!(
+            event,
+            Event::AttemptFinished { .. } | Event::Wake { .. } | Event::Decide { .. }
+        );
+        if outside && self.state.phase.is_final() {
+            // A finished session takes no results or decisions: they stay
+            // in their continuations, and a retry takes them then.
+            return Ok(Handled::Wake(WakeOutcome::Unknown));
+        }
         match event {
             Event::UserMessage { text } => self.on_user_message(text, now).map(|_| Handled::Done),
             Event::ModelReplied { turn } => self.on_model_reply(turn, now).map(|_| Handled::Done),

@@ -560,6 +560,9 @@ fn apply_record(
     waiting: Option<WaitingFor>,
     now: crate::core::Millis,
 ) {
+    if session.state().phase.is_final() {
+        return;
+    }
     let sid = session.state().id.0.clone();
     let token = rec.token().clone();
     if waiting == Some(WaitingFor::Approval) {
