@@ -29,11 +29,13 @@ spec:
               - {name: deploy, arguments: {to: prod}}
               - {name: drop_db, arguments: {db: main}}
               - {name: nightly, arguments: {}}
-          - text: all three decided
+              - {name: scale, arguments: {replicas: 10}}
+          - text: all four decided
     tools:
       - {name: deploy, builtin: {function: echo}}
       - {name: drop_db, builtin: {function: echo}}
       - {name: nightly, builtin: {function: echo}}
+      - {name: scale, builtin: {function: echo}}
     policy:
       rules:
         - tool: deploy
@@ -48,6 +50,9 @@ spec:
         - tool: nightly
           disposition: runSync
           approval: {timeoutSeconds: 3, onTimeout: approve}
+        - tool: scale
+          disposition: runSync
+          approval: {approvers: {users: [alice]}, allowEdit: true}
 "#;
 
 /// `kubectl ARGS --as USER [--as-group G]...`.
@@ -268,6 +273,31 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
     let votes = &continuation(&ns.name, deploy)["status"]["decisions"];
     assert_eq!(votes[1]["by"], by.as_str(), "{votes}");
 
+    // scale: alice edits the arguments as she approves; drop_db takes no
+    // edits.
+    let edited = json!({"approved": true, "by": "alice", "decidedAt": "2026-01-01T00:00:00Z",
+        "arguments": "{\"replicas\": 2}"});
+    let out = vote_as(&ns.name, "guarded-t1-c3", "alice", &[], json!([edited]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut no_edit = vote(true, "carol");
+    no_edit["arguments"] = json!("{}");
+    let out = vote_as(
+        &ns.name,
+        drop_db,
+        "carol",
+        &["dba", "system:authenticated"],
+        json!([no_edit]),
+    );
+    assert!(
+        !out.status.success(),
+        "an edit where the policy allows none"
+    );
+    assert!(
+        stderr(&out).contains("does not let approvers edit"),
+        "{}",
+        stderr(&out)
+    );
+
     // drop_db: only the dba group decides; one denial ends the call.
     let out = vote_as(
         &ns.name,
@@ -318,6 +348,19 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
     assert_eq!(
         results[2]["result"]["status"], "success",
         "nightly ran on timeout: {results}"
+    );
+    // scale ran with alice's arguments, and the model hears she edited them;
+    // the model's own arguments stay in its turn.
+    let scale = results[3]["result"].to_string();
+    assert!(scale.contains("alice edited the arguments"), "{scale}");
+    assert!(
+        scale.contains("replicas") && !scale.contains("10"),
+        "{scale}"
+    );
+    let asked = s["status"]["turns"][1]["toolCalls"][3]["arguments"].to_string();
+    assert!(
+        asked.contains("10"),
+        "the model's arguments are kept: {asked}"
     );
     let _ = std::fs::remove_file(&manager);
     let _ = std::fs::remove_file(&operator_config);

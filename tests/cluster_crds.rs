@@ -456,6 +456,7 @@ async fn a_success_result_waits_for_the_approval() {
             by: "bob".into(),
             reason: None,
             decided_at: serde_json::from_value(json!(AT)).unwrap(),
+            arguments: None,
         })
     );
     ns.delete(&client).await;

@@ -192,6 +192,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
             approved: *approved,
             by: "prop".into(),
             reason: None,
+            arguments: None,
         },
         Op::Tick(_) => Event::Tick,
         Op::Pause => Event::Pause,

@@ -406,6 +406,7 @@ fn approval_then_run_and_denial_is_fed_back() {
                 approved: ok,
                 by: "bob".into(),
                 reason: (!ok).then(|| "not today".to_string()),
+                arguments: None,
             },
             T0,
         )
@@ -527,6 +528,7 @@ fn a_result_never_preempts_an_approval() {
             approved: false,
             by: "bob".into(),
             reason: None,
+            arguments: None,
         },
         T0,
     )
@@ -1253,12 +1255,16 @@ fn a_failed_session_takes_no_decision_until_retried() {
                 approved: false,
                 by: "carol".into(),
                 reason: None,
+                arguments: None,
             },
             T0,
         )
         .unwrap();
     assert_eq!(out, Handled::Wake(WakeOutcome::Unknown));
-    assert!(drain(&mut s).is_empty(), "nothing to record for a failed session");
+    assert!(
+        drain(&mut s).is_empty(),
+        "nothing to record for a failed session"
+    );
 }
 
 fn config_with_approval() -> SessionConfig {

@@ -38,6 +38,7 @@ use super::{conditions_schema, tool_result_schema};
     validation = Rule::new(OUTCOME_KEPT).message("status.outcome is already set and cannot change or be removed: the call was already completed"),
     validation = Rule::new(DECISION_KEPT).message("status.decision is already set and cannot change or be removed: the call was already decided"),
     validation = Rule::new(DECISIONS_KEPT).message("status.decisions only grows: a decision, once written, cannot change or be removed"),
+    validation = Rule::new(EDITS_ALLOWED).message("this call's policy does not let approvers edit its arguments (approval.allowEdit is not set): decide without arguments"),
     validation = Rule::new(OUTSIDE_ONLY_WHEN_AWAITED).message("this call is run by the operator (spec.policy.disposition is runSync, runAsync or runIsolated), so only its run completes it; an outside result is taken only by a call whose disposition is defer"),
     validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
@@ -78,6 +79,9 @@ pub const DECISION_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.dec
 
 /// Votes under an approval policy are appended; none changes or goes.
 pub const DECISIONS_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.decisions) || (has(self.status) && has(self.status.decisions) && oldSelf.status.decisions.all(d, d in self.status.decisions))";
+
+/// Edited arguments only where the policy has `allowEdit`.
+pub const EDITS_ALLOWED: &str = "!has(self.status) || (has(self.spec.policy.approvalPolicy) && has(self.spec.policy.approvalPolicy.allowEdit) && self.spec.policy.approvalPolicy.allowEdit) || ((!has(self.status.decision) || !has(self.status.decision.arguments)) && (!has(self.status.decisions) || self.status.decisions.all(d, !has(d.arguments))))";
 
 /// A new outcome comes from outside only for a `defer` call. The operator
 /// writes as `agents` (or `cache`); a denial's error result is written
@@ -201,4 +205,9 @@ pub struct DecisionStatus {
     pub reason: Option<String>,
     /// When the decision was made.
     pub decided_at: Time,
+    /// Arguments (a JSON object's text) the approver puts in place of the
+    /// model's, where the policy has `allowEdit`; the call runs with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub arguments: Option<String>,
 }

@@ -675,6 +675,7 @@ fn tracked_call_status(c: &TrackedToolCall) -> TrackedCallStatus {
             approved: a.approved,
             by: a.by.clone(),
             reason: a.reason.clone(),
+            arguments: a.arguments.clone(),
         }),
         result: c.result.as_ref().map(result_value),
         completed_by: c.completed_by.clone(),
@@ -698,6 +699,7 @@ fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, C
             approved: a.approved,
             by: a.by.clone(),
             reason: a.reason.clone(),
+            arguments: a.arguments.clone(),
         }),
         result: c
             .result

@@ -376,6 +376,10 @@ pub struct ApprovalStatus {
     /// Why, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Arguments an approver put in place of the model's (the call ran
+    /// with these; the model's stay in `call`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -257,6 +257,10 @@ pub enum SessionCommand {
     /// Approve a call that waits for approval; it then runs per its policy.
     Approve {
         token: String,
+        /// Run the call with these arguments (a JSON object) instead of
+        /// the model's, where its policy has `approval.allowEdit`.
+        #[arg(long)]
+        args_file: Option<std::path::PathBuf>,
         /// Who decides (standalone: default $USER); in a cluster, your
         /// user name as the API server knows it, which is the default.
         #[arg(long)]

@@ -97,15 +97,26 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
                     commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
                 commands::complete(&token, result, by.as_deref(), &sel(&store)).await
             }
-            SessionCommand::Approve { token, by, store } => {
-                commands::decide(&token, true, None, by.as_deref(), &sel(&store)).await
+            SessionCommand::Approve {
+                token,
+                args_file,
+                by,
+                store,
+            } => {
+                let arguments = args_file
+                    .map(|path| {
+                        std::fs::read_to_string(&path)
+                            .with_context(|| format!("reading {}", path.display()))
+                    })
+                    .transpose()?;
+                commands::decide(&token, true, None, by.as_deref(), arguments, &sel(&store)).await
             }
             SessionCommand::Deny {
                 token,
                 reason,
                 by,
                 store,
-            } => commands::decide(&token, false, reason, by.as_deref(), &sel(&store)).await,
+            } => commands::decide(&token, false, reason, by.as_deref(), None, &sel(&store)).await,
             SessionCommand::RunIsolated {
                 session,
                 timeout_seconds,

@@ -25,32 +25,54 @@ pub struct Vote<'a> {
     pub by: &'a str,
     pub reason: Option<&'a str>,
     pub at: Millis,
+    /// Edited arguments this vote approves (`None`: the model's).
+    pub arguments: Option<&'a str>,
+}
+
+/// What the votes add up to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tally {
+    pub approved: bool,
+    /// Who denied, or everyone whose approvals made the quorum.
+    pub by: String,
+    pub reason: Option<String>,
+    pub at: Millis,
+    /// The edited arguments the quorum approved, if any.
+    pub arguments: Option<String>,
 }
 
 /// The decision the votes add up to, in the order they were cast: the
-/// first denial denies; else `quorum` different people approving
-/// approve (signed by all of them); else none yet.
-pub fn tally(votes: &[Vote<'_>], quorum: u32) -> Option<(bool, String, Option<String>, Millis)> {
+/// first denial denies; else the first arguments (the model's or an
+/// edit) that `quorum` different people approved are approved, signed by
+/// all of them; else none yet. Approvals of different edits do not add up.
+pub fn tally(votes: &[Vote<'_>], quorum: u32) -> Option<Tally> {
     if let Some(no) = votes.iter().find(|v| !v.approved) {
-        return Some((
-            false,
-            no.by.to_string(),
-            no.reason.map(str::to_string),
-            no.at,
-        ));
+        return Some(Tally {
+            approved: false,
+            by: no.by.to_string(),
+            reason: no.reason.map(str::to_string),
+            at: no.at,
+            arguments: None,
+        });
     }
-    let mut yes: Vec<&Vote<'_>> = Vec::new();
-    for v in votes {
-        if !yes.iter().any(|y| y.by == v.by) {
-            yes.push(v);
+    for (i, v) in votes.iter().enumerate() {
+        let mut yes: Vec<&Vote<'_>> = Vec::new();
+        for w in votes[..=i].iter().filter(|w| w.arguments == v.arguments) {
+            if !yes.iter().any(|y| y.by == w.by) {
+                yes.push(w);
+            }
+        }
+        if yes.len() >= quorum.max(1) as usize {
+            return Some(Tally {
+                approved: true,
+                by: yes.iter().map(|v| v.by).collect::<Vec<_>>().join(", "),
+                reason: None,
+                at: v.at,
+                arguments: v.arguments.map(str::to_string),
+            });
         }
     }
-    if yes.len() < quorum.max(1) as usize {
-        return None;
-    }
-    let by = yes.iter().map(|v| v.by).collect::<Vec<_>>().join(", ");
-    let at = yes.iter().map(|v| v.at).max().unwrap_or_default();
-    Some((true, by, None, at))
+    None
 }
 
 /// A decision already made on a call.
@@ -185,17 +207,27 @@ mod tests {
             by,
             reason: None,
             at: Millis(1),
+            arguments: None,
         };
         assert!(tally(&[v(true, "alice")], 2).is_none());
         assert!(tally(&[v(true, "alice"), v(true, "alice")], 2).is_none());
-        let (ok, by, _, _) = tally(&[v(true, "alice"), v(true, "bob")], 2).unwrap();
-        assert!(ok);
-        assert_eq!(by, "alice, bob");
-        let (ok, by, _, _) =
-            tally(&[v(true, "alice"), v(false, "carol"), v(true, "bob")], 2).unwrap();
-        assert!(!ok);
-        assert_eq!(by, "carol");
+        let t = tally(&[v(true, "alice"), v(true, "bob")], 2).unwrap();
+        assert!(t.approved);
+        assert_eq!(t.by, "alice, bob");
+        let t = tally(&[v(true, "alice"), v(false, "carol"), v(true, "bob")], 2).unwrap();
+        assert!(!t.approved);
+        assert_eq!(t.by, "carol");
         assert!(tally(&[], 1).is_none());
+        // Approvals of different arguments do not add up.
+        let edit = |by, args| Vote {
+            arguments: Some(args),
+            ..v(true, by)
+        };
+        let n1 = r#"{"n":1}"#;
+        assert!(tally(&[edit("alice", n1), v(true, "bob")], 2).is_none());
+        let t = tally(&[edit("alice", n1), v(true, "bob"), edit("dan", n1)], 2).unwrap();
+        assert_eq!(t.by, "alice, dan");
+        assert_eq!(t.arguments.as_deref(), Some(n1));
     }
 
     #[test]

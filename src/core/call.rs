@@ -104,6 +104,10 @@ pub struct Approval {
     pub by: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Arguments an approver put in place of the model's (`allowEdit`);
+    /// the call runs with these, and the model's stay in `call`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -139,6 +143,16 @@ pub struct TrackedToolCall {
 }
 
 impl TrackedToolCall {
+    /// The call as it runs: the model's, with an approver's edited
+    /// arguments in place where there are some.
+    pub fn effective_call(&self) -> ToolCall {
+        let mut call = self.call.clone();
+        if let Some(edited) = self.approval.as_ref().and_then(|a| a.arguments.clone()) {
+            call.arguments = edited;
+        }
+        call
+    }
+
     pub fn new(id: CallId, call: ToolCall, policy: AppliedPolicy) -> Self {
         TrackedToolCall {
             id,

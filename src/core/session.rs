@@ -411,6 +411,9 @@ pub enum Event {
         approved: bool,
         by: String,
         reason: Option<String>,
+        /// Edited arguments (a JSON object's text), where the policy
+        /// allows edits.
+        arguments: Option<String>,
     },
     /// A timer from `poll_timeout` fired (or any periodic check).
     Tick,
@@ -439,6 +442,11 @@ pub enum CoreError {
     UnknownCall { call: CallId },
     #[error("continuation {token} already holds a different result; a completed call's result cannot change")]
     ConflictingResult { token: ContinuationToken },
+    #[error("continuation {token}: {why}")]
+    BadEdit {
+        token: ContinuationToken,
+        why: String,
+    },
     #[error("continuation {token} was already {decision}; the decision cannot change")]
     ConflictingDecision {
         token: ContinuationToken,
@@ -661,8 +669,9 @@ impl Session {
                 approved,
                 by,
                 reason,
+                arguments,
             } => self
-                .on_decide(&token, approved, by, reason, now)
+                .on_decide(&token, (approved, by, reason, arguments), now)
                 .map(Handled::Wake),
             Event::Tick => {
                 self.on_tick(now);
@@ -1095,9 +1104,7 @@ impl Session {
     fn on_decide(
         &mut self,
         token: &ContinuationToken,
-        approved: bool,
-        by: String,
-        reason: Option<String>,
+        (approved, by, reason, arguments): (bool, String, Option<String>, Option<String>),
         now: Millis,
     ) -> Result<WakeOutcome, CoreError> {
         let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
@@ -1130,11 +1137,32 @@ impl Session {
                 what: "an approval",
             });
         }
+        // A bad edit (a raw write past the CLI's checks) fails the call,
+        // saying why, rather than leaving it waiting on a decision that
+        // stays for ever.
+        let bad_edit = arguments
+            .as_deref()
+            .filter(|_| approved)
+            .and_then(|args| check_edit(call, args, token).err());
+        if let Some(why) = bad_edit {
+            let result = ToolResult::error(format!(
+                "{by} approved with edited arguments, which were refused: {why}"
+            ));
+            call.finish(CallState::Completed, result.clone(), &by)?;
+            self.push_result(Action::RecordResult {
+                token: token.clone(),
+                result,
+                by,
+            });
+            self.settle(now);
+            return Ok(WakeOutcome::Applied);
+        }
         let denied = super::acceptance::denial(&by, reason.as_deref());
         call.approval = Some(Approval {
             approved,
             by: by.clone(),
             reason,
+            arguments: arguments.filter(|_| approved),
         });
         call.deadline = None;
         if approved {
@@ -1259,6 +1287,7 @@ impl Session {
                         approved: true,
                         by: ENGINE_BY.into(),
                         reason: Some(why),
+                        arguments: None,
                     });
                     call.deadline = None;
                     approved |= call.transition(CallState::Ready).is_ok();
@@ -1513,7 +1542,10 @@ impl Session {
                     model_call_id: c.call.model_call_id,
                     tool: c.call.name,
                     token: c.token,
-                    result: c.result.expect("final calls hold a result"),
+                    result: with_edit_note(
+                        c.result.expect("final calls hold a result"),
+                        c.approval.as_ref(),
+                    ),
                     truncate_bytes: c.policy.decorators.truncate_bytes,
                 })
                 .collect();
@@ -1711,7 +1743,7 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
     match call.state {
         CallState::Running => vec![Action::RunTool {
             call: call.id,
-            tool_call: call.call.clone(),
+            tool_call: call.effective_call(),
             idempotency_key: context.idempotency_key.clone(),
             timeout_seconds: Some(
                 call.policy
@@ -1727,7 +1759,7 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
                 return Vec::new();
             };
             let envelope =
-                CallEnvelope::new(token, call.call.clone(), context, call.policy.clone());
+                CallEnvelope::new(token, call.effective_call(), context, call.policy.clone());
             match (call.waiting_for, &call.policy.disposition) {
                 (Some(WaitingFor::Background), _) => vec![Action::RunInBackground {
                     envelope,
@@ -1762,6 +1794,48 @@ fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
 /// re-issues our own starts too (runners adopt what is under way).
 /// `Some(live_own)` when it starts: our own live claim then stands as it
 /// is, so re-issuing work under way writes nothing.
+/// An approver's edit is allowed by the call's policy and is a JSON object.
+fn check_edit(
+    call: &TrackedToolCall,
+    args: &str,
+    token: &ContinuationToken,
+) -> Result<(), CoreError> {
+    let bad = |why: &str| CoreError::BadEdit {
+        token: token.clone(),
+        why: why.to_string(),
+    };
+    let allowed = call
+        .policy
+        .decorators
+        .approval_policy
+        .as_ref()
+        .is_some_and(|p| p.allow_edit);
+    if !allowed {
+        return Err(bad(
+            "its policy does not let approvers edit the arguments (approval.allowEdit)",
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => Err(bad("edited arguments must be a JSON object")),
+    }
+}
+
+/// The result the model hears for a call an approver edited: what ran, then
+/// what came back.
+fn with_edit_note(result: ToolResult, approval: Option<&Approval>) -> ToolResult {
+    let Some((by, args)) = approval.and_then(|a| a.arguments.as_ref().map(|x| (&a.by, x))) else {
+        return result;
+    };
+    let note = format!("{by} edited the arguments before the call ran; it ran with {args}");
+    match result {
+        ToolResult::Success { response } => ToolResult::ok(ToolResponse::Mixed {
+            parts: vec![ToolResponse::text(note), response],
+        }),
+        ToolResult::Error { message } => ToolResult::error(format!("{note}\n{message}")),
+    }
+}
+
 fn claimable(
     claim: Option<&Claim>,
     role: &DriverRole,

@@ -576,6 +576,7 @@ fn apply_record(
                         approved: dec.approved,
                         by: dec.by.clone(),
                         reason: dec.reason.clone(),
+                        arguments: dec.arguments.clone(),
                     },
                     now,
                 ),

@@ -73,6 +73,9 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub at: Millis,
+    /// Edited arguments (a JSON object's text), where the policy allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// A continuation as stored: what the core asked for, and what the outside

@@ -442,6 +442,27 @@ async fn open_continuation(
     Ok((store, token, record))
 }
 
+/// Edited arguments are taken only where the call's policy allows edits,
+/// and only as a JSON object.
+fn check_edit(record: &crate::store::ContinuationRecord, args: &str) -> anyhow::Result<()> {
+    let token = record.token();
+    let allowed = record
+        .spec
+        .policy
+        .decorators
+        .approval_policy
+        .as_ref()
+        .is_some_and(|p| p.allow_edit);
+    if !allowed {
+        bail!("{token}'s policy does not let approvers edit its arguments (approval.allowEdit is not set); approve it as it is, or deny it");
+    }
+    match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(_) => bail!("the edited arguments must be a JSON object, like the model's"),
+        Err(e) => bail!("the edited arguments are not JSON: {e}"),
+    }
+}
+
 /// The name a decision or result is signed with: `--by`, else who the
 /// store says the user is.
 async fn signer(store: &AnyStore, by: Option<&str>) -> anyhow::Result<String> {
@@ -528,10 +549,14 @@ pub async fn decide(
     approved: bool,
     reason: Option<String>,
     by: Option<&str>,
+    arguments: Option<String>,
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
     let (store, token, record) = open_continuation(sel, token).await?;
     let by = &signer(&store, by).await?;
+    if let Some(args) = &arguments {
+        check_edit(&record, args)?;
+    }
     if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
         bail!(
             "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",
@@ -543,6 +568,7 @@ pub async fn decide(
         by: by.to_string(),
         reason,
         at: now(),
+        arguments,
     };
     let word = if approved { "approved" } else { "denied" };
     match store.decide(&token, &decision).await? {

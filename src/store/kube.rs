@@ -782,6 +782,7 @@ impl KubeStore {
             "by": decision.by,
             "reason": decision.reason,
             "decidedAt": convert::time(decision.at),
+            "arguments": decision.arguments,
         });
         let status = |obj: Continuation, rec: ContinuationRecord| {
             let entry = entry.clone();
@@ -1032,13 +1033,15 @@ fn tally(votes: &[crate::api::continuation::DecisionStatus], quorum: u32) -> Opt
             by: &d.by,
             reason: d.reason.as_deref(),
             at: convert::millis(&d.decided_at),
+            arguments: d.arguments.as_deref(),
         })
         .collect();
-    acceptance::tally(&votes, quorum).map(|(approved, by, reason, at)| Decision {
-        approved,
-        by,
-        reason,
-        at,
+    acceptance::tally(&votes, quorum).map(|t| Decision {
+        approved: t.approved,
+        by: t.by,
+        reason: t.reason,
+        at: t.at,
+        arguments: t.arguments,
     })
 }
 
@@ -1091,6 +1094,7 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
             by: d.by.clone(),
             reason: d.reason.clone(),
             at: convert::millis(&d.decided_at),
+            arguments: d.arguments.clone(),
         }),
     };
     Ok(ContinuationRecord {

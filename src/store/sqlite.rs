@@ -912,6 +912,7 @@ mod tests {
             by: "carol".into(),
             reason: None,
             at: Millis(3),
+            arguments: None,
         };
         assert_eq!(
             store.decide_continuation(token, &d(true)).await.unwrap(),
@@ -1018,6 +1019,7 @@ mod tests {
             by: "carol".into(),
             reason: Some("not now".into()),
             at: Millis(5),
+            arguments: None,
         };
         store.decide_continuation(denied, &deny).await.unwrap();
         let err = store
@@ -1038,6 +1040,7 @@ mod tests {
                     approved: false,
                     by: deny.by.clone(),
                     reason: deny.reason.clone(),
+                    arguments: None,
                 },
                 Millis(7),
             )
