@@ -1272,3 +1272,154 @@ fn config_with_approval() -> SessionConfig {
     cfg.policy.rules[1].decorators.approval = true;
     cfg
 }
+
+/// `lookup` (run here) behind an approval policy.
+fn approval_config(policy: agents::core::policy::ApprovalPolicy) -> SessionConfig {
+    let mut cfg = config();
+    cfg.policy.rules.push(rule(
+        "lookup",
+        Disposition::RunSync,
+        Decorators {
+            approval: true,
+            approval_policy: Some(policy),
+            ..Decorators::default()
+        },
+    ));
+    cfg
+}
+
+fn timing_out(on_timeout: agents::core::policy::OnTimeout) -> SessionConfig {
+    approval_config(agents::core::policy::ApprovalPolicy {
+        quorum: 1,
+        timeout_seconds: Some(5),
+        on_timeout,
+        ..Default::default()
+    })
+}
+
+#[test]
+fn an_approval_timeout_applies_on_timeout() {
+    use agents::core::policy::OnTimeout;
+    // deny: the call is denied and the model told nobody decided.
+    let mut s = started(timing_out(OnTimeout::Deny));
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    assert_eq!(s.poll_timeout(), Some(T0.plus_secs(5)));
+    s.handle(Event::Tick, T0.plus_secs(5)).unwrap();
+    let recorded = drain(&mut s);
+    assert!(
+        recorded
+            .iter()
+            .any(|a| matches!(a, Action::RecordResult { result, .. }
+            if result.to_model_text().contains("no decision within 5s (onTimeout: deny)"))),
+        "{recorded:?}"
+    );
+    // approve: the call runs.
+    let mut s = started(timing_out(OnTimeout::Approve));
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    s.handle(Event::Tick, T0.plus_secs(5)).unwrap();
+    assert!(drain(&mut s)
+        .iter()
+        .any(|a| matches!(a, Action::RunTool { .. })));
+    // fail: the session fails, saying why.
+    let mut s = started(timing_out(OnTimeout::Fail));
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    s.handle(Event::Tick, T0.plus_secs(5)).unwrap();
+    assert_eq!(s.state().phase, Phase::Failed);
+    assert!(s
+        .state()
+        .failure
+        .as_deref()
+        .unwrap_or("")
+        .contains("onTimeout: fail"));
+}
+
+#[test]
+fn an_edited_call_runs_with_the_edit_and_the_model_hears_of_it() {
+    let mut s = started(approval_config(agents::core::policy::ApprovalPolicy {
+        quorum: 1,
+        allow_edit: true,
+        ..Default::default()
+    }));
+    reply(&mut s, vec![call("m", "lookup", r#"{"q":"all"}"#)]);
+    drain(&mut s);
+    s.handle(
+        Event::Decide {
+            token: token("t1-c0"),
+            approved: true,
+            by: "alice".into(),
+            reason: None,
+            arguments: Some(r#"{"q":"some"}"#.into()),
+        },
+        T0,
+    )
+    .unwrap();
+    let run = drain(&mut s);
+    let Some(Action::RunTool {
+        tool_call, call, ..
+    }) = run.iter().find(|a| matches!(a, Action::RunTool { .. }))
+    else {
+        panic!("no run: {run:?}");
+    };
+    assert_eq!(tool_call.arguments, r#"{"q":"some"}"#);
+    s.handle(
+        Event::ToolFinished {
+            call: *call,
+            result: ToolResult::text("found some"),
+            from_cache: false,
+        },
+        T0,
+    )
+    .unwrap();
+    let heard = s
+        .state()
+        .turns
+        .iter()
+        .filter_map(|t| match t {
+            Turn::User(u) => u.tool_results.first().map(|r| r.result.to_model_text()),
+            _ => None,
+        })
+        .next_back()
+        .unwrap();
+    assert!(
+        heard.contains(
+            r#"alice edited the arguments before the call ran; it ran with {"q":"some"}"#
+        ),
+        "{heard}"
+    );
+    assert!(heard.contains("found some"), "{heard}");
+}
+
+#[test]
+fn an_edit_the_policy_does_not_allow_fails_the_call_saying_why() {
+    let mut s = started(approval_config(agents::core::policy::ApprovalPolicy {
+        quorum: 1,
+        ..Default::default()
+    }));
+    reply(&mut s, vec![call("m", "lookup", "{}")]);
+    drain(&mut s);
+    s.handle(
+        Event::Decide {
+            token: token("t1-c0"),
+            approved: true,
+            by: "alice".into(),
+            reason: None,
+            arguments: Some("{}".into()),
+        },
+        T0,
+    )
+    .unwrap();
+    let recorded = drain(&mut s);
+    assert!(
+        recorded
+            .iter()
+            .any(|a| matches!(a, Action::RecordResult { result, .. }
+            if result.to_model_text().contains("allowEdit"))),
+        "{recorded:?}"
+    );
+    assert!(recorded
+        .iter()
+        .all(|a| !matches!(a, Action::RunTool { .. })));
+}
