@@ -442,6 +442,31 @@ async fn open_continuation(
     Ok((store, token, record))
 }
 
+/// After an approval under a quorum: how many approvals the call has and
+/// needs, while it still waits for more.
+async fn quorum_pending(
+    store: &AnyStore,
+    token: &ContinuationToken,
+    approved: bool,
+) -> anyhow::Result<Option<String>> {
+    let Some(record) = store.continuation(token).await? else {
+        return Ok(None);
+    };
+    let quorum = record
+        .spec
+        .policy
+        .decorators
+        .approval_policy
+        .as_ref()
+        .map_or(1, |p| p.quorum);
+    if !approved || quorum <= 1 || record.decision.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "your approval is recorded; {token} needs {quorum} different approvers and waits for the others"
+    )))
+}
+
 /// Edited arguments are taken only where the call's policy allows edits,
 /// and only as a JSON object.
 fn check_edit(record: &crate::store::ContinuationRecord, args: &str) -> anyhow::Result<()> {
@@ -576,6 +601,10 @@ pub async fn decide(
             out::line(&format!("{word} {token} ({})", record.spec.tool_call.name));
             let session = &record.spec.session;
             let flag = store_flag(sel);
+            if let Some(waiting) = quorum_pending(&store, &token, approved).await? {
+                out::line(&waiting);
+                return Ok(ExitCode::SUCCESS);
+            }
             if store.operator_driven() {
                 out::line("the operator acts on it");
                 return Ok(ExitCode::SUCCESS);
