@@ -650,7 +650,9 @@ async fn install_upgrade_and_uninstall_with_the_roles_they_grant() {
         "approvals.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={}",
         ns.name
     );
-    helm_ok(["install", &release, &chart, "-n", &ns.name, "--set", &only_here]);
+    helm_ok([
+        "install", &release, &chart, "-n", &ns.name, "--set", &only_here,
+    ]);
     let objects = release_objects(&ns.name, &release);
     for want in [
         format!("deployment.apps/{release}-operator"),

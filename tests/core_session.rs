@@ -1258,7 +1258,10 @@ fn a_failed_session_takes_no_decision_until_retried() {
         )
         .unwrap();
     assert_eq!(out, Handled::Wake(WakeOutcome::Unknown));
-    assert!(drain(&mut s).is_empty(), "nothing to record for a failed session");
+    assert!(
+        drain(&mut s).is_empty(),
+        "nothing to record for a failed session"
+    );
 }
 
 fn config_with_approval() -> SessionConfig {

@@ -41,7 +41,7 @@ pub enum Command {
     Session(SessionCommand),
     /// Run the operator: reconcile Sessions in the cluster of the current
     /// kubeconfig context (or the pod's service account) until SIGTERM.
-    Operator(OperatorArgs),
+    Operator(Box<OperatorArgs>),
     /// Inside a tool Job's container: run the tool's command with the call
     /// envelope on stdin and report its result (used by the Job runner).
     ToolExec(tool_exec::ToolExecArgs),
@@ -321,7 +321,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
-        Command::Operator(args) => operator_cmd::run(args),
+        Command::Operator(args) => operator_cmd::run(*args),
         Command::ToolExec(args) => return tool_exec::run(args),
     };
     match result {

@@ -1034,8 +1034,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         Some(secs) if finished => Action::requeue(Duration::from_secs(secs.max(1))),
         _ => match retry_notify {
             Some(retry) => Action::requeue(
-                requeue_after(&report.outcome, SystemClock.now())
-                    .map_or(retry, |d| d.min(retry)),
+                requeue_after(&report.outcome, SystemClock.now()).map_or(retry, |d| d.min(retry)),
             ),
             None => requeue_for(&report.outcome, SystemClock.now()),
         },

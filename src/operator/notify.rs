@@ -133,7 +133,13 @@ fn cut(s: &str, max: usize) -> (&str, bool) {
 /// How to move the wait on: the approvals page (`approvals.pageUrl`, its
 /// `{namespace}`, `{session}` and `{token}` filled in, or given as query
 /// parameters), else the CLI command.
-pub fn link(ns: &str, session: &str, token: &str, wait: WaitingForName, page: Option<&str>) -> String {
+pub fn link(
+    ns: &str,
+    session: &str,
+    token: &str,
+    wait: WaitingForName,
+    page: Option<&str>,
+) -> String {
     if let Some(page) = page.filter(|p| !p.is_empty()) {
         if page.contains('{') {
             return page
@@ -221,10 +227,9 @@ pub async fn after_step(
     let name = session.name_any();
     let uid = session.uid().unwrap_or_default();
     let list = match api
-        .list(&ListParams::default().labels(&format!(
-            "{}={name}",
-            crate::store::kube::SESSION_LABEL
-        )))
+        .list(
+            &ListParams::default().labels(&format!("{}={name}", crate::store::kube::SESSION_LABEL)),
+        )
         .await
     {
         Ok(l) => l,
@@ -307,7 +312,10 @@ async fn notify_one(
                 EventType::Normal,
                 "NotificationSent",
                 &token,
-                format!("{call}: its wait for {} was announced to the webhook at {host}", wait_text(wait)),
+                format!(
+                    "{call}: its wait for {} was announced to the webhook at {host}",
+                    wait_text(wait)
+                ),
             );
             publish(ctx, &session.object_ref(&()), e).await;
             None
@@ -357,7 +365,11 @@ fn event(type_: EventType, reason: &str, token: &str, note: String) -> Event {
 /// for the same wait written meanwhile wins (another writer notified);
 /// otherwise (a decision, a wait written), writes again. False when it
 /// could not be written.
-async fn write_marker(api: &Api<Continuation>, mut c: Continuation, marker: &NotifiedStatus) -> bool {
+async fn write_marker(
+    api: &Api<Continuation>,
+    mut c: Continuation,
+    marker: &NotifiedStatus,
+) -> bool {
     let token = c.name_any();
     for _ in 0..4 {
         let body = json!({
@@ -450,10 +462,19 @@ async fn post(
                     .map_err(|e| e.message)?;
                 (v, true)
             }
-            _ => return Err(format!("header {:?}: give exactly one of value and valueFrom", h.name)),
+            _ => {
+                return Err(format!(
+                    "header {:?}: give exactly one of value and valueFrom",
+                    h.name
+                ))
+            }
         };
-        let mut value = reqwest::header::HeaderValue::from_str(&value)
-            .map_err(|_| format!("header {:?}: its value is not a valid HTTP header value", h.name))?;
+        let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+            format!(
+                "header {:?}: its value is not a valid HTTP header value",
+                h.name
+            )
+        })?;
         value.set_sensitive(secret);
         request = request.header(name, value);
     }
@@ -480,7 +501,7 @@ async fn post(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::continuation::{ContinuationSpec, ContinuationStatus, ContextSnapshotSpec};
+    use crate::api::continuation::{ContextSnapshotSpec, ContinuationSpec, ContinuationStatus};
     use crate::api::session::{AppliedPolicyStatus, ToolCallStatus};
 
     fn continuation(args: &str, wait: WaitingForName) -> Continuation {
@@ -528,17 +549,34 @@ mod tests {
         assert_eq!(p["arguments"], r#"{"env":"prod"}"#);
         assert_eq!(p["waitingFor"], "approval");
         assert_eq!(p["reason"], "a person\nsays so");
-        assert_eq!(p["link"], "agents session approve s-t1-c0 --store kube -n team-a");
+        assert_eq!(
+            p["link"],
+            "agents session approve s-t1-c0 --store kube -n team-a"
+        );
         let text = p["text"].as_str().unwrap();
         assert!(!text.contains('\n'), "{text}");
-        assert!(text.contains("team-a/s") && text.contains("deploy") && text.contains("approve s-t1-c0"));
-        let p = payload(&c, "team-a", WaitingForName::External, Some("https://ui.example/approvals"));
+        assert!(
+            text.contains("team-a/s")
+                && text.contains("deploy")
+                && text.contains("approve s-t1-c0")
+        );
+        let p = payload(
+            &c,
+            "team-a",
+            WaitingForName::External,
+            Some("https://ui.example/approvals"),
+        );
         assert_eq!(p["waitingFor"], "external");
         assert_eq!(
             p["link"],
             "https://ui.example/approvals?namespace=team-a&session=s&token=s-t1-c0"
         );
-        let p = payload(&c, "a", WaitingForName::External, Some("https://ui/{namespace}/{token}"));
+        let p = payload(
+            &c,
+            "a",
+            WaitingForName::External,
+            Some("https://ui/{namespace}/{token}"),
+        );
         assert_eq!(p["link"], "https://ui/a/s-t1-c0");
     }
 
