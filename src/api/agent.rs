@@ -50,6 +50,38 @@ pub struct AgentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16_777_216))]
     pub max_result_bytes: Option<u64>,
+    /// Whom the operator tells when a call starts waiting for a person (an
+    /// approval, or a `defer` call's outside result): once per waiting call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifySpec>,
+}
+
+/// Where calls that wait for a person are announced.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NotifySpec {
+    /// A Slack-compatible webhook: one JSON POST per waiting call, with a
+    /// one-line `text` and the call's session, token, tool, arguments (cut
+    /// to 2 KiB), reason, what it waits for and how to move it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
+}
+
+/// A URL the operator POSTs notifications to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSpec {
+    /// `http` or `https` URL; where the operator lists the URLs http tools
+    /// may call (`--http-tool-allowed-urls`), it must be one of them.
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// Headers sent besides `Content-Type` and `Idempotency-Key`: a value,
+    /// or a Secret key the user opts into (label
+    /// `agents-exe.io/usable-by-agents=true`). Never logged or written to
+    /// status or Events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub headers: Vec<EnvVar>,
 }
 
 /// Default of `spec.maxResultBytes`: 8 MiB.

@@ -172,6 +172,43 @@ pub struct ContinuationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// The notification of this wait (the agent's `notify`), written by
+    /// the operator: sent once, or retried and then given up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notified: Option<NotifiedStatus>,
+}
+
+/// Delivery of the notification of one wait.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NotifiedStatus {
+    /// The wait notified (`approval` or `external`); a later wait of the
+    /// same call is notified anew.
+    pub waiting_for: WaitingForName,
+    /// `Sent`, `Retrying` (after a failed attempt) or `Failed` (given up).
+    pub state: NotifyState,
+    /// POSTs tried so far.
+    #[schemars(range(max = 100))]
+    pub attempts: u32,
+    /// When the last attempt was made.
+    pub last_attempt_at: Time,
+    /// When a POST was answered with 2xx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// Why the last attempt failed (never a header or secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub error: Option<String>,
+}
+
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotifyState {
+    /// Delivered (a 2xx answer).
+    Sent,
+    /// An attempt failed; another follows after a backoff.
+    Retrying,
+    /// Every attempt failed; no more are made.
+    Failed,
 }
 
 /// A call's final outcome: one write-once unit.

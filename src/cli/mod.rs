@@ -41,7 +41,7 @@ pub enum Command {
     Session(SessionCommand),
     /// Run the operator: reconcile Sessions in the cluster of the current
     /// kubeconfig context (or the pod's service account) until SIGTERM.
-    Operator(OperatorArgs),
+    Operator(Box<OperatorArgs>),
     /// Inside a tool Job's container: run the tool's command with the call
     /// envelope on stdin and report its result (used by the Job runner).
     ToolExec(tool_exec::ToolExecArgs),
@@ -82,6 +82,16 @@ pub struct OperatorArgs {
         value_name = "PATTERN"
     )]
     pub http_tool_allowed_urls: Vec<String>,
+    /// Where calls that wait for a person (an approval, an outside result)
+    /// are announced, for agents without a `notify.webhook`: one JSON POST
+    /// per wait (Slack-compatible). Default: nowhere.
+    #[arg(long, env = "AGENTS_NOTIFY_WEBHOOK_URL", value_name = "URL")]
+    pub notify_webhook_url: Option<String>,
+    /// The page where people decide and complete calls: the `link` of
+    /// notifications (`{namespace}`, `{session}`, `{token}` are filled in,
+    /// else given as query parameters). Default: the CLI command.
+    #[arg(long, env = "AGENTS_APPROVALS_PAGE_URL", value_name = "URL")]
+    pub approvals_page_url: Option<String>,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
     #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]
@@ -315,7 +325,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
-        Command::Operator(args) => operator_cmd::run(args),
+        Command::Operator(args) => operator_cmd::run(*args),
         Command::ToolExec(args) => return tool_exec::run(args),
     };
     match result {

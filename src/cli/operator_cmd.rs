@@ -50,6 +50,8 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         secrets_need_label: args.secrets_need_label,
         finished_session_ttl_seconds: args.finished_session_ttl_seconds,
         http_tool_allowed_urls,
+        notify_webhook_url: args.notify_webhook_url.filter(|u| !u.is_empty()),
+        approvals_page_url: args.approvals_page_url.filter(|u| !u.is_empty()),
     }))?;
     Ok(ExitCode::SUCCESS)
 }

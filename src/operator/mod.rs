@@ -20,6 +20,7 @@
 pub mod agents;
 pub mod background;
 pub mod events;
+pub mod notify;
 
 use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
 use crate::api::agent::ModelProvider;
@@ -119,6 +120,12 @@ pub struct Options {
     /// any. A call to another fails with an error result; an Agent with
     /// such a tool is `Ready=False` ([`HTTP_TOOL_URL_NOT_ALLOWED`]).
     pub http_tool_allowed_urls: Option<Arc<crate::http::allow::AllowedUrls>>,
+    /// Where waits for a person are announced for agents without a
+    /// `notify.webhook` (`--notify-webhook-url`); `None`: nowhere.
+    pub notify_webhook_url: Option<String>,
+    /// The page where people decide and complete calls
+    /// (`--approvals-page-url`): the `link` of notifications.
+    pub approvals_page_url: Option<String>,
 }
 
 impl Default for Options {
@@ -139,6 +146,8 @@ impl Default for Options {
             secrets_need_label: true,
             finished_session_ttl_seconds: None,
             http_tool_allowed_urls: None,
+            notify_webhook_url: None,
+            approvals_page_url: None,
         }
     }
 }
@@ -750,6 +759,8 @@ struct Resolved {
     model: ModelClient,
     tools: Arc<Toolbox>,
     agent_name: String,
+    /// Where waits for a person are announced.
+    notify: Option<notify::Target>,
 }
 
 async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
@@ -861,6 +872,7 @@ async fn prepare(
         model,
         tools: Arc::new(toolbox),
         agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
+        notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
     })
 }
 
@@ -997,6 +1009,14 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
         .expect("failures")
         .remove(&format!("{ns}/{name}"));
     report_step(&ctx, &session, &report, progress).await;
+    // Waits for a person are announced once each (a marker in the
+    // Continuation's status); a failed POST is retried after a backoff.
+    let retry_notify = match (&resolved.notify, &report.outcome) {
+        (Some(target), StepOutcome::Waiting { .. } | StepOutcome::Busy { .. }) => {
+            notify::after_step(&ctx, &session, &ns, target).await
+        }
+        _ => None,
+    };
     info!(
         session = %format!("{ns}/{name}"),
         outcome = outcome_name(&report.outcome),
@@ -1012,7 +1032,12 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
     Ok(match ttl {
         // Looked at again once the status carries when it finished.
         Some(secs) if finished => Action::requeue(Duration::from_secs(secs.max(1))),
-        _ => requeue_for(&report.outcome, SystemClock.now()),
+        _ => match retry_notify {
+            Some(retry) => Action::requeue(
+                requeue_after(&report.outcome, SystemClock.now()).map_or(retry, |d| d.min(retry)),
+            ),
+            None => requeue_for(&report.outcome, SystemClock.now()),
+        },
     })
 }
 
@@ -1210,9 +1235,17 @@ fn count(metrics: &crate::observe::Metrics, p: &Progress) {
 /// backoff), at most [`IDLE_RECHECK`] from now; never for a final or idle one
 /// (an edit or the resync brings it back).
 fn requeue_for(outcome: &StepOutcome, now: crate::core::Millis) -> Action {
+    match requeue_after(outcome, now) {
+        Some(d) => Action::requeue(d),
+        None => Action::await_change(),
+    }
+}
+
+/// [`requeue_for`]'s wait; `None`: none (await a change).
+fn requeue_after(outcome: &StepOutcome, now: crate::core::Millis) -> Option<Duration> {
     match outcome {
-        StepOutcome::Busy { at } => Action::requeue(until(now, *at).min(IDLE_RECHECK)),
-        StepOutcome::Waiting { wake_at, .. } => Action::requeue(
+        StepOutcome::Busy { at } => Some(until(now, *at).min(IDLE_RECHECK)),
+        StepOutcome::Waiting { wake_at, .. } => Some(
             wake_at
                 .map(|at| until(now, at))
                 .unwrap_or(IDLE_RECHECK)
@@ -1221,7 +1254,7 @@ fn requeue_for(outcome: &StepOutcome, now: crate::core::Millis) -> Action {
         StepOutcome::Succeeded { .. }
         | StepOutcome::Failed { .. }
         | StepOutcome::Paused
-        | StepOutcome::Idle => Action::await_change(),
+        | StepOutcome::Idle => None,
     }
 }
 

@@ -82,6 +82,12 @@ app.kubernetes.io/component: operator
 {{- range .Values.operator.httpToolAllowedUrls }}
 - {{ printf "--http-tool-allowed-urls=%s" . | quote }}
 {{- end }}
+{{- with .Values.operator.notifyWebhookUrl }}
+- {{ printf "--notify-webhook-url=%s" . | quote }}
+{{- end }}
+{{- with .Values.approvals.pageUrl }}
+- {{ printf "--approvals-page-url=%s" . | quote }}
+{{- end }}
 - {{ printf "--job-cpu-limit=%v" .Values.operator.jobDefaults.cpuLimit | quote }}
 - {{ printf "--job-memory-limit=%v" .Values.operator.jobDefaults.memoryLimit | quote }}
 - --job-active-deadline-seconds={{ .Values.operator.jobDefaults.activeDeadlineSeconds | int }}
