@@ -304,6 +304,32 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
         stderr(&out)
     );
 
+    // Only the operator writes the notification record.
+    let forged = json!({"status": {"notified": {"waitingFor": "approval", "state": "Sent",
+        "attempts": 1, "lastAttemptAt": "2026-01-01T00:00:00Z"}}})
+    .to_string();
+    let out = kubectl_as(
+        "alice",
+        &[],
+        &[
+            "patch",
+            "continuation",
+            drop_db,
+            "-n",
+            &ns.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &forged,
+        ],
+    );
+    assert!(!out.status.success(), "alice wrote status.notified");
+    assert!(
+        stderr(&out).contains("only the operator writes it"),
+        "{}",
+        stderr(&out)
+    );
+
     // drop_db: only the dba group decides; one denial ends the call.
     let out = vote_as(
         &ns.name,
