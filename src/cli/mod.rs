@@ -7,6 +7,7 @@ pub use crate::standalone::out;
 mod run_cmd;
 mod session_cmd;
 mod tool_exec;
+mod ui;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -42,6 +43,9 @@ pub enum Command {
     /// Run the operator: reconcile Sessions in the cluster of the current
     /// kubeconfig context (or the pod's service account) until SIGTERM.
     Operator(Box<OperatorArgs>),
+    /// Serve the approvals page on loopback: the calls waiting for people,
+    /// decided with your own kubeconfig (`kubectl agents ui`).
+    Ui(ui::UiArgs),
     /// Inside a tool Job's container: run the tool's command with the call
     /// envelope on stdin and report its result (used by the Job runner).
     ToolExec(tool_exec::ToolExecArgs),
@@ -326,6 +330,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run_cmd::run(args),
         Command::Session(cmd) => session_cmd::run(cmd),
         Command::Operator(args) => operator_cmd::run(*args),
+        Command::Ui(args) => ui::run(args),
         Command::ToolExec(args) => return tool_exec::run(args),
     };
     match result {
