@@ -688,11 +688,14 @@ impl JobRunner {
             Verdict::Running => RunStatus::InFlight,
             Verdict::Done(r) => RunStatus::Finished(r),
             Verdict::ReadLog { pod, pointer } => {
+                if pointer.bytes > MAX_LOGGED_RESULT_BYTES {
+                    return RunStatus::Finished(ToolResult::error(format!(
+                        "the tool's result is announced as {} bytes; at most {MAX_LOGGED_RESULT_BYTES} are read from its log",
+                        pointer.bytes
+                    )));
+                }
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-                let params = LogParams {
-                    container: Some(TOOL_CONTAINER.into()),
-                    ..Default::default()
-                };
+                let params = log_window(pointer.bytes);
                 match api.logs(&pod, &params).await {
                     Ok(log) => RunStatus::Finished(result_from_log(&log, token, &pointer)),
                     Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -855,6 +858,25 @@ const STUCK_AFTER_GRACE: &[&str] = &[
     "CreateContainerError",
     "RunContainerError",
 ];
+
+/// The most bytes of result a tool's log may carry (the largest result a
+/// session keeps, with room): the log is read only this far.
+pub const MAX_LOGGED_RESULT_BYTES: usize = 24 * 1024 * 1024;
+
+/// The end of the tool container's log where a result of `bytes` is
+/// framed (the wrapper writes it last), bounded in lines and bytes: a tool
+/// that writes gigabytes to its log is never read whole.
+fn log_window(bytes: usize) -> LogParams {
+    // The block's lines (each at least a line's bytes less a character),
+    // its begin and end lines, and a few more (the kubelet may split).
+    let lines = bytes.div_ceil(super::wrapper_protocol::FRAME_LINE_BYTES - 3) + 4;
+    LogParams {
+        container: Some(TOOL_CONTAINER.into()),
+        tail_lines: Some(lines as i64),
+        limit_bytes: Some((bytes * 2 + 64 * 1024) as i64),
+        ..Default::default()
+    }
+}
 
 /// Reads the state of a Job and its pods (pure; `now` in Unix seconds).
 pub fn judge(
@@ -1158,6 +1180,15 @@ mod tests {
 
     fn envelope(args: &str) -> CallEnvelope {
         fixtures::envelope("demo", args)
+    }
+
+    #[test]
+    fn the_log_is_read_only_as_far_as_the_result_needs() {
+        let p = log_window(40_000);
+        assert_eq!(p.tail_lines, Some(14));
+        assert_eq!(p.limit_bytes, Some(80_000 + 64 * 1024));
+        let most = log_window(MAX_LOGGED_RESULT_BYTES);
+        assert!(most.limit_bytes.unwrap() < 64 * 1024 * 1024);
     }
 
     #[test]

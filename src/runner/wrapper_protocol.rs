@@ -56,7 +56,7 @@ fn frame_end(token: &ContinuationToken) -> String {
 
 /// Longest line of a framed block: well under the 16 KiB at which the
 /// runtime splits log lines.
-const FRAME_LINE_BYTES: usize = 4096;
+pub const FRAME_LINE_BYTES: usize = 4096;
 
 /// The block the wrapper prints when the result is too large for the
 /// termination message: a begin line (token, hash, length), the JSON in
