@@ -574,7 +574,8 @@ spec:
     assert_eq!(results[1]["result"]["status"], "error");
     assert_eq!(
         results[1]["result"]["message"],
-        "denied by tester: never on prod"
+        // Signed with the user the API server knows, not $USER.
+        "denied by kubernetes-admin: never on prod"
     );
     ns.delete(&client).await;
 }
@@ -915,7 +916,7 @@ spec:
     );
     assert_eq!(other.status.code(), Some(3), "{}", text(&other));
     assert!(
-        text(&other).contains("already completed (by tester"),
+        text(&other).contains("already completed (by kubernetes-admin"),
         "{}",
         text(&other)
     );
