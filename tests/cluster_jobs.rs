@@ -518,16 +518,16 @@ async fn a_result_after_a_flood_of_log_lines_comes_back() {
     let t = ContinuationToken("flood-t1-c0".into());
     f.continuation(&t).await;
     let env = envelope(&t, "{}");
-    // 16 MiB of stderr in 64-byte lines, then a 40 KB result.
+    // 4 MiB of stderr in 64-byte lines, then a 40 KB result.
     let spec = sh(
         BUSYBOX_IMAGE,
-        "head -c 16777216 /dev/zero | tr '\\0' x | fold -w 63 >&2; head -c 40000 /dev/zero | tr '\\0' y",
+        "head -c 4194304 /dev/zero | tr '\\0' x | fold -w 63 >&2; head -c 40000 /dev/zero | tr '\\0' y",
     );
     let (result, took) = run_to_end(&runner, &spec, &env, 1, MINUTE).await;
     let text = text_of(&result);
     assert_eq!(text.len(), 40_000, "{}", &text[..text.len().min(300)]);
     assert!(text.bytes().all(|b| b == b'y'));
-    println!("after 16 MiB of log: {took:?}");
+    println!("after 4 MiB of log: {took:?}");
 }
 
 #[tokio::test]
