@@ -5,9 +5,12 @@
 //! session's pending Continuations; each wait (`approval` or `external`)
 //! without a delivery marker (`status.notified`) is POSTed once to the
 //! agent's `notify.webhook` (or the operator's `--notify-webhook-url`) as a
-//! Slack-compatible JSON body. The marker is written after the answer, with
-//! the resourceVersion read before the POST as precondition: a wait marked
-//! `Sent` is never sent again, by this process or a restarted one. A failed
+//! Slack-compatible JSON body. Each attempt is claimed first (the marker
+//! written over the version read, before the POST), so of two operators
+//! racing one sends; the outcome is written after the answer. A wait
+//! marked `Sent` is never sent again, by this process or a restarted one;
+//! an operator killed between its claim and the answer sends again after
+//! the backoff, with the same `Idempotency-Key`. A failed
 //! POST is retried with backoff, at most [`MAX_ATTEMPTS`] times, then the
 //! marker says `Failed` and nothing more is sent. An Event on the Session
 //! says sent or given up.
@@ -280,9 +283,15 @@ async fn notify_one(
     let wait = person_wait(&c)?;
     let token = c.name_any();
     let body = payload(&c, ns, wait, ctx.options.approvals_page_url.as_deref());
+    let attempts = attempts + 1;
+    // The attempt is claimed (committed over the version read) before
+    // anything is sent: of two operators racing (a failover), one sends.
+    let c = match claim_attempt(api, c, wait, attempts).await {
+        Some(claimed) => claimed,
+        None => return Some(Duration::from_secs(1)),
+    };
     let result = post(ctx, ns, target, &token, &body).await;
     let now = crate::engine::Clock::now(&crate::engine::SystemClock);
-    let attempts = attempts + 1;
     let (state, error) = match &result {
         Ok(()) => (NotifyState::Sent, None),
         Err(e) if attempts >= MAX_ATTEMPTS => (NotifyState::Failed, Some(e.clone())),
@@ -365,6 +374,40 @@ fn event(type_: EventType, reason: &str, token: &str, note: String) -> Event {
 /// for the same wait written meanwhile wins (another writer notified);
 /// otherwise (a decision, a wait written), writes again. False when it
 /// could not be written.
+/// Marks attempt `attempts` as under way, over the version of `c` read;
+/// the object as written, or `None` when another writer got there first
+/// (the next step sees their marker).
+async fn claim_attempt(
+    api: &Api<Continuation>,
+    c: Continuation,
+    wait: WaitingForName,
+    attempts: u32,
+) -> Option<Continuation> {
+    let now = crate::engine::Clock::now(&crate::engine::SystemClock);
+    let claim = NotifiedStatus {
+        waiting_for: wait,
+        state: NotifyState::Retrying,
+        attempts,
+        last_attempt_at: convert::time(now),
+        at: None,
+        error: None,
+    };
+    let body = json!({
+        "metadata": {"resourceVersion": c.resource_version()},
+        "status": {"notified": claim},
+    });
+    match api
+        .patch_status(&c.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(claimed) => Some(claimed),
+        Err(e) => {
+            debug!(continuation = %c.name_any(), error = %e, "notification attempt not claimed; the next step looks again");
+            None
+        }
+    }
+}
+
 async fn write_marker(
     api: &Api<Continuation>,
     mut c: Continuation,

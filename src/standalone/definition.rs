@@ -358,6 +358,43 @@ spec:
     }
 
     #[test]
+    fn approvers_are_refused_standalone_and_a_typo_in_the_policy_is_named() {
+        let session = |approval: &str| {
+            format!(
+                r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: s}}
+spec:
+  messages: ["hi"]
+  agent:
+    model: {{provider: scripted, scripted: {{replies: [{{text: ok}}]}}}}
+    tools: [{{name: t, builtin: {{function: echo}}}}]
+    policy:
+      rules: [{{tool: t, disposition: runSync, approval: {approval}}}]
+"#
+            )
+        };
+        let e = parse(&session("{approvers: {users: [alice]}}"), "f.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("policy.rules[0].approval") && e.contains("standalone has no users"),
+            "{e}"
+        );
+        let e = parse(&session("{quorum: 2}"), "f.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("standalone has no users"), "{e}");
+        let e = parse(&session("{quorom: 2}"), "f.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `quorom`"), "{e}");
+        parse(&session("{timeoutSeconds: 60, onTimeout: deny}"), "f.yaml").unwrap();
+        parse(&session("true"), "f.yaml").unwrap();
+    }
+
+    #[test]
     fn misspelt_decorators_are_refused_by_path() {
         let d = parse(FULL_POLICY, "f.yaml").unwrap();
         let rule = &d.agent.policy.rules[0];
