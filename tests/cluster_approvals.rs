@@ -236,6 +236,25 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
     // CLI, signed with the name the API server knows it by: one of a
     // quorum of two, the call still waits.
     let manager = support::service_account_kubeconfig(&ns.name, "release-manager");
+    // deploy takes no edits: the CLI says so before writing anything.
+    let args_file = std::env::temp_dir().join(format!("agents-{}-args.json", ns.name));
+    std::fs::write(&args_file, r#"{"to": "staging"}"#).unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "session", "approve", deploy, "--store", "kube", "-n", &ns.name,
+        ])
+        .arg("--args-file")
+        .arg(&args_file)
+        .env("KUBECONFIG", &manager)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an edit the policy does not allow");
+    assert!(
+        stderr(&out).contains("does not let approvers edit its arguments"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(continuation(&ns.name, deploy)["status"]["decisions"].is_null());
     let out = Command::new(BIN)
         .args([
             "session", "approve", deploy, "--store", "kube", "-n", &ns.name,
