@@ -8,6 +8,7 @@
 //! token made at start (CSRF), and requests must name a loopback host
 //! (against DNS rebinding). Rendered on the server; no JavaScript.
 
+use crate::api::session::WaitingForName;
 use crate::api::Continuation;
 use crate::core::{ContinuationToken, SessionId, ToolResult, Turn};
 use crate::ports::records::{Decision, WriteOnce};
@@ -214,8 +215,8 @@ impl Ui {
             let s = c.status.clone().unwrap_or_default();
             s.outcome.is_none()
                 && matches!(
-                    s.waiting_for.map(|w| serde_json::to_value(w).unwrap_or_default()),
-                    Some(v) if v == "approval" || v == "external"
+                    s.waiting_for,
+                    Some(WaitingForName::Approval | WaitingForName::External)
                 )
         });
         Ok(items)
@@ -235,16 +236,14 @@ impl Ui {
         for c in &items {
             let ns = c.namespace().unwrap_or_default();
             let s = c.status.clone().unwrap_or_default();
-            let waits = s
-                .waiting_for
-                .map(|w| serde_json::to_value(w).unwrap_or_default());
+            let waits = wait_name(s.waiting_for);
             let _ = write!(
                 body,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><a class=open href=\"/call?ns={}&amp;token={}\">{}</a></td></tr>",
                 escape(&ns),
                 escape(&c.spec.session),
                 escape(&c.spec.tool_call.name),
-                escape(waits.as_ref().and_then(|v| v.as_str()).unwrap_or("")),
+                escape(waits),
                 escape(s.reason.as_deref().unwrap_or("")),
                 url(&ns),
                 url(&c.name_any()),
@@ -262,11 +261,7 @@ impl Ui {
             Err(e) => return error_page(StatusCode::BAD_GATEWAY, &api_message(&e)),
         };
         let status = c.status.clone().unwrap_or_default();
-        let waits = status
-            .waiting_for
-            .map(|w| serde_json::to_value(w).unwrap_or_default())
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let waits = wait_name(status.waiting_for);
         let args = pretty(&c.spec.tool_call.arguments.to_string());
         let mut body = format!(
             "<p>Session <b>{}</b> in <b>{}</b> calls <b id=tool>{}</b>{}.</p><h2>Arguments</h2><pre id=arguments>{}</pre>",
@@ -284,7 +279,7 @@ impl Ui {
             }
             body.push_str("</ul>");
         }
-        body.push_str(&self.forms(ns, token, &waits, &c, &args));
+        body.push_str(&self.forms(ns, token, waits, &c, &args));
         body.push_str("<h2>The conversation before it</h2>");
         body.push_str(&self.conversation(ns, &c.spec.session).await);
         page(StatusCode::OK, &format!("Call {token}"), &body)
@@ -424,6 +419,17 @@ async fn read_form(req: Request<Incoming>) -> Result<Vec<(String, String)>, Stri
         .map_err(|e| format!("reading the form: {e}"))?
         .to_bytes();
     Ok(form_urlencoded::parse(&body).into_owned().collect())
+}
+
+/// What a call waits for, as the CRD spells it.
+fn wait_name(w: Option<WaitingForName>) -> &'static str {
+    match w {
+        Some(WaitingForName::Approval) => "approval",
+        Some(WaitingForName::Background) => "background",
+        Some(WaitingForName::Isolated) => "isolated",
+        Some(WaitingForName::External) => "external",
+        None => "",
+    }
 }
 
 fn field(pairs: &[(String, String)], name: &str) -> String {
