@@ -34,7 +34,13 @@ fn check_by(by: &str) -> anyhow::Result<()> {
 }
 
 pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
-    match &cmd {
+    check_names(&cmd)?;
+    block_on(dispatch(cmd))
+}
+
+/// Names are checked before any store is opened, so a typo costs nothing.
+fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
+    match cmd {
         SessionCommand::List { .. } => {}
         SessionCommand::Show { session, .. }
         | SessionCommand::Pending { session, .. }
@@ -51,87 +57,89 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    block_on(async move {
-        match cmd {
-            SessionCommand::List { store, output: o } => {
-                commands::list(&sel(&store), output(o)).await
-            }
-            SessionCommand::Show {
-                session,
-                store,
-                output: o,
-            } => commands::show(&session, &sel(&store), output(o)).await,
-            SessionCommand::Pending {
-                session,
-                store,
-                output: o,
-            } => commands::pending(&session, &sel(&store), output(o)).await,
-            SessionCommand::Pause { session, store } => {
-                commands::pause(&session, &sel(&store)).await
-            }
-            SessionCommand::Resume {
-                session,
-                store,
-                output: o,
-            } => commands::resume(&session, &sel(&store), output(o)).await,
-            SessionCommand::Retry {
-                session,
-                store,
-                output: o,
-            } => commands::retry(&session, &sel(&store), output(o)).await,
-            SessionCommand::Complete {
-                token,
-                result_file,
-                text,
-                error,
-                by,
-                store,
-            } => {
-                let raw = match (result_file, text) {
-                    (Some(path), _) => std::fs::read_to_string(&path)
-                        .with_context(|| format!("reading {}", path.display()))?,
-                    (None, Some(t)) => t,
-                    (None, None) => anyhow::bail!("give the result with --text or --result-file"),
-                };
-                let result =
-                    commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
-                commands::complete(&token, result, by.as_deref(), &sel(&store)).await
-            }
-            SessionCommand::Approve {
-                token,
-                args_file,
-                by,
-                store,
-            } => {
-                let arguments = args_file
-                    .map(|path| {
-                        std::fs::read_to_string(&path)
-                            .with_context(|| format!("reading {}", path.display()))
-                    })
-                    .transpose()?;
-                commands::decide(&token, true, None, by.as_deref(), arguments, &sel(&store)).await
-            }
-            SessionCommand::Deny {
-                token,
-                reason,
-                by,
-                store,
-            } => commands::decide(&token, false, reason, by.as_deref(), None, &sel(&store)).await,
-            SessionCommand::RunIsolated {
-                session,
+    Ok(())
+}
+
+async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        SessionCommand::List { store, output: o } => commands::list(&sel(&store), output(o)).await,
+        SessionCommand::Show {
+            session,
+            store,
+            output: o,
+        } => commands::show(&session, &sel(&store), output(o)).await,
+        SessionCommand::Pending {
+            session,
+            store,
+            output: o,
+        } => commands::pending(&session, &sel(&store), output(o)).await,
+        SessionCommand::Pause { session, store } => commands::pause(&session, &sel(&store)).await,
+        SessionCommand::Resume {
+            session,
+            store,
+            output: o,
+        } => commands::resume(&session, &sel(&store), output(o)).await,
+        SessionCommand::Retry {
+            session,
+            store,
+            output: o,
+        } => commands::retry(&session, &sel(&store), output(o)).await,
+        SessionCommand::Complete {
+            token,
+            result_file,
+            text,
+            error,
+            by,
+            store,
+        } => {
+            let raw = result_text(result_file, text)?;
+            let result = commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
+            commands::complete(&token, result, by.as_deref(), &sel(&store)).await
+        }
+        SessionCommand::Approve {
+            token,
+            args_file,
+            by,
+            store,
+        } => {
+            let arguments = args_file.map(|path| read_file(&path)).transpose()?;
+            commands::decide(&token, true, None, by.as_deref(), arguments, &sel(&store)).await
+        }
+        SessionCommand::Deny {
+            token,
+            reason,
+            by,
+            store,
+        } => commands::decide(&token, false, reason, by.as_deref(), None, &sel(&store)).await,
+        SessionCommand::RunIsolated {
+            session,
+            timeout_seconds,
+            container_engine,
+            store,
+        } => {
+            commands::run_isolated(
+                &session,
                 timeout_seconds,
                 container_engine,
-                store,
-            } => {
-                commands::run_isolated(
-                    &session,
-                    timeout_seconds,
-                    container_engine,
-                    &sel(&store),
-                    Output::default(),
-                )
-                .await
-            }
+                &sel(&store),
+                Output::default(),
+            )
+            .await
         }
-    })
+    }
+}
+
+fn result_text(
+    result_file: Option<std::path::PathBuf>,
+    text: Option<String>,
+) -> anyhow::Result<String> {
+    match (result_file, text) {
+        (Some(path), _) => read_file(&path),
+        (None, Some(t)) => Ok(t),
+        (None, None) => anyhow::bail!("give the result with --text or --result-file"),
+    }
+}
+
+fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }

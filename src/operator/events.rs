@@ -4,7 +4,7 @@
 //! copied: a result may be large, and Events are for people.
 
 use crate::core::ToolResult;
-use crate::engine::events::{waiting_for_text, Progress};
+use crate::engine::events::{waiting_for_text, CallLine, Progress};
 use crate::engine::StepOutcome;
 use kube::runtime::events::{Event, EventType};
 
@@ -39,114 +39,130 @@ fn event(type_: EventType, reason: &str, action: &str, text: String) -> Event {
 /// changed the session: a step that merely looks at a finished (or paused)
 /// session reports its end again, which is no transition.
 pub fn for_progress(progress: &[Progress], wrote: bool) -> Vec<Event> {
-    let mut out = Vec::new();
-    for p in progress {
-        let e = match p {
-            Progress::UserMessage { text, .. } => event(
-                EventType::Normal,
-                "MessageReceived",
-                "TakeMessage",
-                format!("user message: {}", one_line(text)),
+    progress.iter().filter_map(|p| for_one(p, wrote)).collect()
+}
+
+fn for_one(p: &Progress, wrote: bool) -> Option<Event> {
+    Some(match p {
+        Progress::UserMessage { text, .. } => event(
+            EventType::Normal,
+            "MessageReceived",
+            "TakeMessage",
+            format!("user message: {}", one_line(text)),
+        ),
+        Progress::AgentTurn {
+            turn,
+            text,
+            tool_calls,
+            ..
+        } => model_replied(*turn, text.as_deref(), tool_calls),
+        Progress::ToolResult {
+            call,
+            tool,
+            result,
+            by,
+            ..
+        } => result_arrived(call, tool, result, by),
+        Progress::Deferred {
+            call,
+            tool,
+            token,
+            waiting_for,
+            reason,
+            ..
+        } => event(
+            EventType::Normal,
+            "CallDeferred",
+            &format!("Defer/{call}"),
+            format!(
+                "{call} {tool} waits for {} (token {token}){}",
+                waiting_for_text(*waiting_for),
+                reason
+                    .as_ref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
             ),
-            Progress::AgentTurn {
-                turn,
-                text,
-                tool_calls,
-                ..
-            } => {
-                let calls: Vec<String> = tool_calls
-                    .iter()
-                    .map(|c| format!("{} {} [{}]", c.call, c.tool, c.disposition))
-                    .collect();
-                let mut s = format!("turn {turn}");
-                if let Some(t) = text {
-                    s.push_str(&format!(": {}", one_line(t)));
-                }
-                if !calls.is_empty() {
-                    s.push_str(&format!("; calls: {}", calls.join(", ")));
-                }
-                event(
-                    EventType::Normal,
-                    "ModelReplied",
-                    &format!("CallModel/t{turn}"),
-                    s,
-                )
-            }
-            Progress::ToolResult {
-                call,
-                tool,
-                result,
-                by,
-                ..
-            } => {
-                let (type_, outcome) = match result {
-                    ToolResult::Success { .. } => (EventType::Normal, "success".to_string()),
-                    ToolResult::Error { message } => {
-                        (EventType::Warning, format!("error: {}", one_line(message)))
-                    }
-                };
-                event(
-                    type_,
-                    "ResultArrived",
-                    &format!("TakeResult/{call}"),
-                    format!("{call} {tool} ({by}): {outcome}"),
-                )
-            }
-            Progress::Deferred {
-                call,
-                tool,
-                token,
-                waiting_for,
-                reason,
-                ..
-            } => event(
-                EventType::Normal,
-                "CallDeferred",
-                &format!("Defer/{call}"),
-                format!(
-                    "{call} {tool} waits for {} (token {token}){}",
-                    waiting_for_text(*waiting_for),
-                    reason
-                        .as_ref()
-                        .map(|r| format!(": {r}"))
-                        .unwrap_or_default()
-                ),
+        ),
+        Progress::ModelError {
+            error, retryable, ..
+        } => event(
+            EventType::Warning,
+            "ModelError",
+            "CallModel",
+            format!(
+                "{}{}",
+                one_line(error),
+                if *retryable { " (will retry)" } else { "" }
             ),
-            Progress::ModelError {
-                error, retryable, ..
-            } => event(
-                EventType::Warning,
-                "ModelError",
-                "CallModel",
-                format!(
-                    "{}{}",
-                    one_line(error),
-                    if *retryable { " (will retry)" } else { "" }
-                ),
-            ),
-            Progress::Finished { answer, .. } if wrote => event(
-                EventType::Normal,
-                "Succeeded",
-                "Finish",
-                format!("final answer: {}", one_line(answer)),
-            ),
-            Progress::Failed { reason, .. } if wrote => {
-                event(EventType::Warning, "Failed", "Finish", one_line(reason))
-            }
-            Progress::Paused { .. } if wrote => event(
-                EventType::Normal,
-                "Paused",
-                "Pause",
-                "paused by spec.paused; no model or tool call starts until it is false".into(),
-            ),
-            Progress::Note { message, .. } => {
-                event(EventType::Normal, "Note", "Note", one_line(message))
-            }
-            _ => continue,
-        };
-        out.push(e);
+        ),
+        Progress::Note { message, .. } => {
+            event(EventType::Normal, "Note", "Note", one_line(message))
+        }
+        ending if wrote => return for_ending(ending),
+        _ => return None,
+    })
+}
+
+/// A finish, failure or pause is reported only by the step that made it.
+fn for_ending(p: &Progress) -> Option<Event> {
+    Some(match p {
+        Progress::Finished { answer, .. } => event(
+            EventType::Normal,
+            "Succeeded",
+            "Finish",
+            format!("final answer: {}", one_line(answer)),
+        ),
+        Progress::Failed { reason, .. } => {
+            event(EventType::Warning, "Failed", "Finish", one_line(reason))
+        }
+        Progress::Paused { .. } => event(
+            EventType::Normal,
+            "Paused",
+            "Pause",
+            "paused by spec.paused; no model or tool call starts until it is false".into(),
+        ),
+        _ => return None,
+    })
+}
+
+fn model_replied(turn: u32, text: Option<&str>, tool_calls: &[CallLine]) -> Event {
+    let calls: Vec<String> = tool_calls
+        .iter()
+        .map(|c| format!("{} {} [{}]", c.call, c.tool, c.disposition))
+        .collect();
+    let mut s = format!("turn {turn}");
+    if let Some(t) = text {
+        s.push_str(&format!(": {}", one_line(t)));
     }
-    out
+    if !calls.is_empty() {
+        s.push_str(&format!("; calls: {}", calls.join(", ")));
+    }
+    event(
+        EventType::Normal,
+        "ModelReplied",
+        &format!("CallModel/t{turn}"),
+        s,
+    )
+}
+
+fn result_arrived(
+    call: &str,
+    tool: &str,
+    result: &ToolResult,
+    by: &impl std::fmt::Display,
+) -> Event {
+    let (type_, outcome) = match result {
+        ToolResult::Success { .. } => (EventType::Normal, "success".to_string()),
+        ToolResult::Error { message } => {
+            (EventType::Warning, format!("error: {}", one_line(message)))
+        }
+    };
+    event(
+        type_,
+        "ResultArrived",
+        &format!("TakeResult/{call}"),
+        format!("{call} {tool} ({by}): {outcome}"),
+    )
 }
 
 /// The Event for a step that left the session waiting, when it changed it.

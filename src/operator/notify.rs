@@ -20,7 +20,7 @@
 //! (a Slack webhook URL is itself a credential), only its host.
 
 use super::{publish, read_secret, Context};
-use crate::api::agent::WebhookSpec;
+use crate::api::agent::{EnvVar, WebhookSpec};
 use crate::api::continuation::{ContinuationState, NotifiedStatus, NotifyState};
 use crate::api::session::WaitingForName;
 use crate::api::{convert, Continuation, Session};
@@ -29,6 +29,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -459,17 +460,39 @@ async fn post(
     token: &str,
     body: &Value,
 ) -> Result<(), String> {
+    // The operator's own default webhook is trusted; a tenant's is held to
+    // the URL allow-list, on every redirect too.
     let allowed = if target.operator_default {
         None
     } else {
         ctx.options.http_tool_allowed_urls.clone()
     };
-    let url = reqwest::Url::parse(&target.webhook.url)
-        .map_err(|e| format!("the webhook URL is not a URL ({e})"))?;
+    let url = webhook_url(&target.webhook.url, allowed.as_ref())?;
+    let mut request = client(allowed)?
+        .post(url)
+        .header("Idempotency-Key", format!("notify-{token}"))
+        .json(body);
+    for h in &target.webhook.headers {
+        let (name, value) = header(ctx, ns, h).await?;
+        request = request.header(name, value);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("POST to the webhook failed: {}", e.without_url()))?;
+    judge_reply(response).await
+}
+
+fn webhook_url(
+    raw: &str,
+    allowed: Option<&Arc<crate::http::allow::AllowedUrls>>,
+) -> Result<reqwest::Url, String> {
+    let url =
+        reqwest::Url::parse(raw).map_err(|e| format!("the webhook URL is not a URL ({e})"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err("the webhook URL is neither http nor https".into());
     }
-    if let Some(list) = &allowed {
+    if let Some(list) = allowed {
         if !list.allows(&url) {
             return Err(format!(
                 "the webhook at {} is not among the URLs the operator allows (--http-tool-allowed-urls)",
@@ -477,54 +500,63 @@ async fn post(
             ));
         }
     }
+    Ok(url)
+}
+
+fn client(
+    allowed: Option<Arc<crate::http::allow::AllowedUrls>>,
+) -> Result<reqwest::Client, String> {
     let policy = match allowed {
         Some(list) => crate::http::redirect_policy_within(list),
         None => crate::http::redirect_policy(),
     };
-    let client = reqwest::Client::builder()
+    reqwest::Client::builder()
         .redirect(policy)
         .timeout(POST_TIMEOUT)
         .build()
-        .map_err(|e| format!("no HTTP client: {}", e.without_url()))?;
-    let mut request = client
-        .post(url)
-        .header("Idempotency-Key", format!("notify-{token}"))
-        .json(body);
-    for h in &target.webhook.headers {
-        let name = reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| format!("header {:?}: not a valid HTTP header name", h.name))?;
-        if matches!(name.as_str(), "content-type" | "idempotency-key") {
-            return Err(format!("header {:?}: set by the operator itself", h.name));
-        }
-        let (value, secret) = match (&h.value, &h.value_from) {
-            (Some(v), None) => (v.clone(), false),
-            (None, Some(from)) => {
-                let r = &from.secret_key_ref;
-                let v = read_secret(ctx, ns, &r.name, &r.key, "notify.webhook's header")
-                    .await
-                    .map_err(|e| e.message)?;
-                (v, true)
-            }
-            _ => {
-                return Err(format!(
-                    "header {:?}: give exactly one of value and valueFrom",
-                    h.name
-                ))
-            }
-        };
-        let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
-            format!(
-                "header {:?}: its value is not a valid HTTP header value",
-                h.name
-            )
-        })?;
-        value.set_sensitive(secret);
-        request = request.header(name, value);
+        .map_err(|e| format!("no HTTP client: {}", e.without_url()))
+}
+
+/// One webhook header, its value read from a Secret when it names one
+/// (and then marked sensitive, so it is never logged).
+async fn header(
+    ctx: &Context,
+    ns: &str,
+    h: &EnvVar,
+) -> Result<(reqwest::header::HeaderName, reqwest::header::HeaderValue), String> {
+    let name = reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
+        .map_err(|_| format!("header {:?}: not a valid HTTP header name", h.name))?;
+    if matches!(name.as_str(), "content-type" | "idempotency-key") {
+        return Err(format!("header {:?}: set by the operator itself", h.name));
     }
-    let mut response = request
-        .send()
-        .await
-        .map_err(|e| format!("POST to the webhook failed: {}", e.without_url()))?;
+    let (value, secret) = match (&h.value, &h.value_from) {
+        (Some(v), None) => (v.clone(), false),
+        (None, Some(from)) => {
+            let r = &from.secret_key_ref;
+            let v = read_secret(ctx, ns, &r.name, &r.key, "notify.webhook's header")
+                .await
+                .map_err(|e| e.message)?;
+            (v, true)
+        }
+        _ => {
+            return Err(format!(
+                "header {:?}: give exactly one of value and valueFrom",
+                h.name
+            ))
+        }
+    };
+    let mut value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+        format!(
+            "header {:?}: its value is not a valid HTTP header value",
+            h.name
+        )
+    })?;
+    value.set_sensitive(secret);
+    Ok((name, value))
+}
+
+/// Success, or the status with a short quote of the body.
+async fn judge_reply(mut response: reqwest::Response) -> Result<(), String> {
     let status = response.status();
     if status.is_success() {
         return Ok(());

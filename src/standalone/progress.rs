@@ -36,16 +36,7 @@ impl Render for Progress {
                 text,
                 tool_calls,
                 ..
-            } => {
-                let mut out = format!("agent (turn {turn}): {}", text.as_deref().unwrap_or(""));
-                for c in tool_calls {
-                    out.push_str(&format!(
-                        "\n  call {} {}({})  -> {}",
-                        c.call, c.tool, c.arguments, c.disposition
-                    ));
-                }
-                out
-            }
+            } => agent_turn_text(*turn, text.as_deref(), tool_calls),
             Progress::ToolResult {
                 call,
                 tool,
@@ -79,32 +70,7 @@ impl Render for Progress {
                 "model error{}: {error}",
                 if *retryable { " (will retry)" } else { "" }
             ),
-            Progress::Yielded { session, pending } => {
-                let mut out = format!(
-                    "session {session} yielded: {} call(s) wait. To complete them:",
-                    pending.len()
-                );
-                let mut seen = Vec::new();
-                for p in pending {
-                    out.push_str(&format!(
-                        "\n  {} {} ({})",
-                        p.token,
-                        p.tool,
-                        p.waiting_for.map(waiting_for_text).unwrap_or("?")
-                    ));
-                }
-                for p in pending {
-                    if !seen.contains(&p.command) {
-                        out.push_str(&format!("\n  $ {}", p.command));
-                        seen.push(p.command.clone());
-                    }
-                }
-                out.push_str(&format!(
-                    "\nthen: agents session resume {}",
-                    shell_quote(session)
-                ));
-                out
-            }
+            Progress::Yielded { session, pending } => yielded_text(session, pending),
             Progress::Finished { session, answer } => {
                 format!("session {session} succeeded.\nanswer: {answer}")
             }
@@ -121,6 +87,45 @@ impl Render for Progress {
             }
         }
     }
+}
+
+fn agent_turn_text(turn: u32, text: Option<&str>, tool_calls: &[CallLine]) -> String {
+    let mut out = format!("agent (turn {turn}): {}", text.unwrap_or(""));
+    for c in tool_calls {
+        out.push_str(&format!(
+            "\n  call {} {}({})  -> {}",
+            c.call, c.tool, c.arguments, c.disposition
+        ));
+    }
+    out
+}
+
+/// What waits, and the commands that move it on, each command once.
+fn yielded_text(session: &str, pending: &[PendingCall]) -> String {
+    let mut out = format!(
+        "session {session} yielded: {} call(s) wait. To complete them:",
+        pending.len()
+    );
+    let mut seen = Vec::new();
+    for p in pending {
+        out.push_str(&format!(
+            "\n  {} {} ({})",
+            p.token,
+            p.tool,
+            p.waiting_for.map(waiting_for_text).unwrap_or("?")
+        ));
+    }
+    for p in pending {
+        if !seen.contains(&p.command) {
+            out.push_str(&format!("\n  $ {}", p.command));
+            seen.push(p.command.clone());
+        }
+    }
+    out.push_str(&format!(
+        "\nthen: agents session resume {}",
+        shell_quote(session)
+    ));
+    out
 }
 
 /// Quotes `s` for a POSIX shell, so a printed command can be copied and
