@@ -4,7 +4,7 @@
 //! `UPDATE` in SQLite, a `resourceVersion` precondition in a cluster, where
 //! the CRD's CEL rules hold the same line for writers that bypass us).
 
-use super::{Millis, ToolResult, WaitingFor};
+use super::{AppliedPolicy, Millis, ToolResult, WaitingFor};
 
 /// Who writes on the engine's own behalf (a timed-out approval, a denial's
 /// result); the rules never refuse it.
@@ -16,6 +16,28 @@ pub const CACHE_BY: &str = "cache";
 /// The names only the engine writes under; a person or worker must not.
 pub fn is_engine(by: &str) -> bool {
     by == ENGINE_BY || by == CACHE_BY
+}
+
+/// Why an approver's edited arguments are refused, if they are: only a
+/// policy with `approval.allowEdit` takes edits, and only as a JSON object
+/// (what a model's arguments always are).
+pub fn edit_refusal(policy: &AppliedPolicy, arguments: &str) -> Option<String> {
+    let allowed = policy
+        .decorators
+        .approval_policy
+        .as_ref()
+        .is_some_and(|p| p.allow_edit);
+    if !allowed {
+        return Some(
+            "its policy does not let approvers edit its arguments (approval.allowEdit is not set); approve it as it is, or deny it"
+                .into(),
+        );
+    }
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(serde_json::Value::Object(_)) => None,
+        Ok(_) => Some("the edited arguments must be a JSON object, like the model's".into()),
+        Err(e) => Some(format!("the edited arguments are not JSON: {e}")),
+    }
 }
 
 /// One person's vote on a call under an approval policy.

@@ -442,11 +442,6 @@ pub enum CoreError {
     UnknownCall { call: CallId },
     #[error("continuation {token} already holds a different result; a completed call's result cannot change")]
     ConflictingResult { token: ContinuationToken },
-    #[error("continuation {token}: {why}")]
-    BadEdit {
-        token: ContinuationToken,
-        why: String,
-    },
     #[error("continuation {token} was already {decision}; the decision cannot change")]
     ConflictingDecision {
         token: ContinuationToken,
@@ -1143,7 +1138,7 @@ impl Session {
         let bad_edit = arguments
             .as_deref()
             .filter(|_| approved)
-            .and_then(|args| check_edit(call, args, token).err());
+            .and_then(|args| super::acceptance::edit_refusal(&call.policy, args));
         if let Some(why) = bad_edit {
             let result = ToolResult::error(format!(
                 "{by} approved with edited arguments, which were refused: {why}"
@@ -1795,32 +1790,6 @@ fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
 /// `Some(live_own)` when it starts: our own live claim then stands as it
 /// is, so re-issuing work under way writes nothing.
 /// An approver's edit is allowed by the call's policy and is a JSON object.
-fn check_edit(
-    call: &TrackedToolCall,
-    args: &str,
-    token: &ContinuationToken,
-) -> Result<(), CoreError> {
-    let bad = |why: &str| CoreError::BadEdit {
-        token: token.clone(),
-        why: why.to_string(),
-    };
-    let allowed = call
-        .policy
-        .decorators
-        .approval_policy
-        .as_ref()
-        .is_some_and(|p| p.allow_edit);
-    if !allowed {
-        return Err(bad(
-            "its policy does not let approvers edit the arguments (approval.allowEdit)",
-        ));
-    }
-    match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Object(_)) => Ok(()),
-        _ => Err(bad("edited arguments must be a JSON object")),
-    }
-}
-
 /// The result the model hears for a call an approver edited: what ran, then
 /// what came back.
 fn with_edit_note(result: ToolResult, approval: Option<&Approval>) -> ToolResult {

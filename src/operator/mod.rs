@@ -1013,7 +1013,7 @@ async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, E
     // Continuation's status); a failed POST is retried after a backoff.
     let retry_notify = match (&resolved.notify, &report.outcome) {
         (Some(target), StepOutcome::Waiting { .. } | StepOutcome::Busy { .. }) => {
-            notify::after_step(&ctx, &session, &ns, target).await
+            notify::after_step(&ctx, &session, &ns, target, store.owned_continuations()).await
         }
         _ => None,
     };

@@ -220,39 +220,30 @@ pub fn host_of(url: &str) -> String {
 }
 
 /// Announces the due waits of `session`; returns when to look again for a
-/// retry, if one is pending.
+/// retry, if one is pending. `known` is what the step already listed (and
+/// wrote since); without it the continuations are listed here.
 pub async fn after_step(
     ctx: &Context,
     session: &Session,
     ns: &str,
     target: &Target,
+    known: Option<Vec<Continuation>>,
 ) -> Option<Duration> {
     let api: Api<Continuation> = Api::namespaced(ctx.client.clone(), ns);
-    let name = session.name_any();
-    let uid = session.uid().unwrap_or_default();
-    let list = match api
-        .list(
-            &ListParams::default().labels(&format!("{}={name}", crate::store::kube::SESSION_LABEL)),
-        )
-        .await
-    {
-        Ok(l) => l,
-        Err(e) => {
-            debug!(session = %format!("{ns}/{name}"), error = %e, "continuations not listed for notifications");
-            return Some(Duration::from_secs(5));
-        }
+    let items = match known {
+        Some(items) => items,
+        None => match owned(&api, session).await {
+            Ok(items) => items,
+            Err(e) => {
+                debug!(session = %format!("{ns}/{}", session.name_any()), error = %e, "continuations not listed for notifications");
+                return Some(Duration::from_secs(5));
+            }
+        },
     };
     let now = crate::engine::Clock::now(&crate::engine::SystemClock);
     let mut later: Option<Duration> = None;
     let mut sent = 0;
-    for c in list.items {
-        let owned = c
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && o.uid == uid);
-        if !owned {
-            continue;
-        }
+    for c in items {
         match due(&c, now) {
             Due::Nothing => {}
             Due::Later(d) => later = Some(later.map_or(d, |l| l.min(d))),
@@ -268,6 +259,26 @@ pub async fn after_step(
         }
     }
     later
+}
+
+/// The continuations `session` controls (same UID, not merely the label).
+async fn owned(api: &Api<Continuation>, session: &Session) -> kube::Result<Vec<Continuation>> {
+    let uid = session.uid().unwrap_or_default();
+    let label = format!(
+        "{}={}",
+        crate::store::kube::SESSION_LABEL,
+        session.name_any()
+    );
+    let list = api.list(&ListParams::default().labels(&label)).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && o.uid == uid)
+        })
+        .collect())
 }
 
 /// One POST for the wait of `c`, its marker, and its Event; a retry's

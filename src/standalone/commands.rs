@@ -470,21 +470,9 @@ async fn quorum_pending(
 /// Edited arguments are taken only where the call's policy allows edits,
 /// and only as a JSON object.
 fn check_edit(record: &crate::store::ContinuationRecord, args: &str) -> anyhow::Result<()> {
-    let token = record.token();
-    let allowed = record
-        .spec
-        .policy
-        .decorators
-        .approval_policy
-        .as_ref()
-        .is_some_and(|p| p.allow_edit);
-    if !allowed {
-        bail!("{token}'s policy does not let approvers edit its arguments (approval.allowEdit is not set); approve it as it is, or deny it");
-    }
-    match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Object(_)) => Ok(()),
-        Ok(_) => bail!("the edited arguments must be a JSON object, like the model's"),
-        Err(e) => bail!("the edited arguments are not JSON: {e}"),
+    match crate::core::acceptance::edit_refusal(&record.spec.policy, args) {
+        Some(why) => bail!("{}: {why}", record.token()),
+        None => Ok(()),
     }
 }
 

@@ -45,7 +45,7 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::{debug, warn};
 
@@ -98,6 +98,9 @@ pub struct KubeStore {
     /// Continuations listed in this step: the engine re-ensures every open
     /// deferred call each step, and a listed one needs no API call.
     listed: Arc<Mutex<HashMap<String, Continuation>>>,
+    /// Whether `listed` holds every continuation the session owns: the
+    /// step listed them, and each write since was noted in it.
+    listed_all: Arc<AtomicBool>,
     cache: Arc<MemoryCache>,
     /// Write requests sent (creates and patches, refused ones too).
     writes: Arc<AtomicU32>,
@@ -126,6 +129,7 @@ impl KubeStore {
             extra: Vec::new(),
             seen: Default::default(),
             listed: Default::default(),
+            listed_all: Default::default(),
             cache: Default::default(),
             writes: Default::default(),
         }
@@ -599,6 +603,7 @@ impl KubeStore {
             listed.insert(c.name_any(), c);
         }
         *self.listed.lock().expect("listed lock") = listed;
+        self.listed_all.store(true, Ordering::SeqCst);
         out.sort_by_key(|r| (r.spec.call_id.turn, r.spec.call_id.index));
         Ok(out)
     }
@@ -690,6 +695,7 @@ impl KubeStore {
             && wanted.reason == status.reason
             && wanted.expires_at == status.expires_at;
         if status.outcome.is_some() || same {
+            self.note_listed(&existing);
             return self.read_continuation(&existing).await;
         }
         let body = json!({
@@ -706,7 +712,10 @@ impl KubeStore {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
             .await
         {
-            Ok(updated) => return self.read_continuation(&updated).await,
+            Ok(updated) => {
+                self.note_listed(&updated);
+                return self.read_continuation(&updated).await;
+            }
             // Completed meanwhile (the CEL rules refuse `Pending` next to an
             // outcome): the stored object is what counts.
             Err(kube::Error::Api(s)) if s.code == 422 || is_conflict(&s) => {
@@ -720,7 +729,27 @@ impl KubeStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
+        self.note_listed(&current);
         self.read_continuation(&current).await
+    }
+
+    /// Notes a continuation's newest version in this step's listing.
+    fn note_listed(&self, c: &Continuation) {
+        self.listed
+            .lock()
+            .expect("listed lock")
+            .insert(c.name_any(), c.clone());
+    }
+
+    /// Every continuation the session owns, as this step last saw or wrote
+    /// them; `None` when the step did not list them. A continuation given an
+    /// outcome in this step is left out: nothing waits on it any more.
+    pub fn owned_continuations(&self) -> Option<Vec<Continuation>> {
+        if !self.listed_all.load(Ordering::SeqCst) {
+            return None;
+        }
+        let listed = self.listed.lock().expect("listed lock");
+        Some(listed.values().cloned().collect())
     }
 
     /// `c` if its controller owner is this very session (same UID).
@@ -846,6 +875,7 @@ impl KubeStore {
                 "status": status(obj, rec).await?,
             });
             self.count_write();
+            self.listed.lock().expect("listed lock").remove(&token.0);
             match self
                 .continuations
                 .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
