@@ -257,6 +257,8 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
         "ClusterRole",
         "Role",
         "RoleBinding",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
     ] {
         assert!(have.contains(kind), "no {kind} in {have:?}");
     }

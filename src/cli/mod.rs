@@ -153,6 +153,15 @@ pub struct OperatorArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
+    /// Requests a second this operator sends its API server at most, on
+    /// average (0: no client-side limit; the API server's Priority and
+    /// Fairness, which the chart configures, queues a burst instead).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub api_qps: u32,
+    /// Requests sent at once before --api-qps paces them (default: twice
+    /// --api-qps).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub api_burst: Option<u32>,
     /// Log lines as `text` or `json` (also AGENTS_LOG_FORMAT).
     #[arg(long, value_parser = ["text", "json"])]
     pub log_format: Option<String>,

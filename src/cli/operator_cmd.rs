@@ -46,6 +46,10 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         resync_rate: args.resync_rate,
         stall_bound: std::time::Duration::from_secs(args.stall_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
+        api_rate: (args.api_qps > 0).then(|| crate::operator::ApiRate {
+            qps: args.api_qps,
+            burst: args.api_burst.unwrap_or(args.api_qps.saturating_mul(2)),
+        }),
         max_calls_per_reply: args.max_calls_per_reply,
         secrets_need_label: args.secrets_need_label,
         finished_session_ttl_seconds: args.finished_session_ttl_seconds,

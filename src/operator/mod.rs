@@ -109,6 +109,8 @@ pub struct Options {
     pub stall_bound: Duration,
     /// Reconciles running at once (0: unbounded).
     pub max_concurrent_reconciles: u16,
+    /// A client-side pace for API requests; `None`: none.
+    pub api_rate: Option<ApiRate>,
     /// Most tool calls one model reply may ask for.
     pub max_calls_per_reply: u32,
     /// Agents may use only Secrets labelled [`USABLE_BY_AGENTS`].
@@ -142,6 +144,7 @@ impl Default for Options {
             resync_rate: 50,
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
+            api_rate: None,
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
             secrets_need_label: true,
             finished_session_ttl_seconds: None,
@@ -283,7 +286,7 @@ pub fn lease_identity(identity: &OperatorIdentity) -> String {
 /// starting work before that, and its claims keep its work from running
 /// twice).
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let clients = clients().await?;
+    let clients = clients(opts.api_rate).await?;
     let client = clients.requests.clone();
     let metrics = Arc::new(crate::observe::Metrics::new());
     let health = crate::observe::Health::new();
@@ -360,17 +363,53 @@ pub struct Clients {
     pub watches: Client,
 }
 
-async fn clients() -> anyhow::Result<Clients> {
+/// A client-side pace: at most `burst` requests at once, `qps` a second on
+/// average.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiRate {
+    pub qps: u32,
+    pub burst: u32,
+}
+
+async fn clients(rate: Option<ApiRate>) -> anyhow::Result<Clients> {
     let mut config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
     })?;
     // A SYN into the void fails fast, and is retried with backoff.
     config.connect_timeout = Some(Duration::from_secs(5));
-    let watches = Client::try_from(config.clone())?;
+    let watches = client_over(config.clone(), None)?;
     config.read_timeout = Some(API_READ_TIMEOUT);
     config.reset_reader_on_write = true;
-    let requests = Client::try_from(config)?;
+    let requests = client_over(config, rate)?;
     Ok(Clients { requests, watches })
+}
+
+/// A client that waits and retries when the API server says it is busy
+/// (429 from Priority and Fairness, 503, 504; after `Retry-After` when
+/// given), paced by `rate` when one is set. Only bodies held whole are
+/// resent, so nothing is half-sent twice.
+fn client_over(config: kube::Config, rate: Option<ApiRate>) -> anyhow::Result<Client> {
+    use tower::{buffer::BufferLayer, limit::RateLimitLayer, retry::RetryLayer};
+    let retry = RetryLayer::new(kube::client::retry::RetryPolicy::new(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        8,
+        true,
+    )?);
+    let base = kube::client::ClientBuilder::try_from(config)?;
+    Ok(match rate {
+        Some(ApiRate { qps, burst }) => {
+            let window = Duration::from_secs_f64(f64::from(burst) / f64::from(qps.max(1)));
+            base.with_layer(&RateLimitLayer::new(u64::from(burst), window))
+                .with_layer(&BufferLayer::new(1024))
+                .with_layer(&retry)
+                .build()
+        }
+        None => base
+            .with_layer(&BufferLayer::new(1024))
+            .with_layer(&retry)
+            .build(),
+    })
 }
 
 /// One controller set per watched namespace (or one for all).

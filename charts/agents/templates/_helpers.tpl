@@ -105,6 +105,13 @@ app.kubernetes.io/component: operator
 {{- if not (kindIs "invalid" .Values.operator.finishedSessionTTLSeconds) }}
 - --finished-session-ttl-seconds={{ .Values.operator.finishedSessionTTLSeconds | int }}
 {{- end }}
+- --max-concurrent-reconciles={{ .Values.operator.maxConcurrentReconciles | int }}
+{{- if gt (int .Values.operator.apiQPS) 0 }}
+- --api-qps={{ .Values.operator.apiQPS | int }}
+{{- if gt (int .Values.operator.apiBurst) 0 }}
+- --api-burst={{ .Values.operator.apiBurst | int }}
+{{- end }}
+{{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
