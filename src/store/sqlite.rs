@@ -405,7 +405,7 @@ fn pending_count(state: &SessionState) -> i64 {
         .open
         .iter()
         .flat_map(|o| o.calls.iter())
-        .filter(|c| c.state == CallState::Deferred)
+        .filter(|c| c.state() == CallState::Deferred)
         .count() as i64
 }
 
