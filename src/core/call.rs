@@ -118,7 +118,6 @@ pub struct Approval {
     pub arguments: Option<String>,
 }
 
-
 /// The current attempt of work a driver runs itself (a `runSync` run, a
 /// background or isolated attempt, the model call): free to start, held by
 /// a driver, or resting until a retry is due. A failed attempt releases its
@@ -154,7 +153,10 @@ impl Attempt {
     }
 
     /// From the two optional fields a store keeps; both at once is refused.
-    pub fn from_parts(claim: Option<Claim>, retry_at: Option<Millis>) -> Result<Self, &'static str> {
+    pub fn from_parts(
+        claim: Option<Claim>,
+        retry_at: Option<Millis>,
+    ) -> Result<Self, &'static str> {
         match (claim, retry_at) {
             (Some(_), Some(_)) => Err("is both claimed and waiting to retry"),
             (Some(c), None) => Ok(Attempt::Claimed(c)),
@@ -233,7 +235,10 @@ pub enum CallStage {
     Running(Attempt),
     /// Waits on its continuation; `deadline` is when the wait gives up
     /// (the `timeout` decorator, or the approval's own timeout).
-    Deferred { wait: Wait, deadline: Option<Millis> },
+    Deferred {
+        wait: Wait,
+        deadline: Option<Millis>,
+    },
     Completed(Outcome),
     Failed(Outcome),
 }
@@ -548,8 +553,12 @@ mod tests {
         assert!(c.approve(yes.clone()).is_err());
         assert_eq!(c.approval(), None);
         let mut c = search();
-        c.defer(ContinuationToken("s-t1-c0".into()), WaitingFor::Approval, None)
-            .unwrap();
+        c.defer(
+            ContinuationToken("s-t1-c0".into()),
+            WaitingFor::Approval,
+            None,
+        )
+        .unwrap();
         c.approve(yes).unwrap();
         assert_eq!(c.state(), Ready);
         // The token outlives the wait: the approved call runs under it.
@@ -559,8 +568,12 @@ mod tests {
     #[test]
     fn a_retry_releases_the_claim() {
         let mut c = search();
-        c.defer(ContinuationToken("s-t1-c0".into()), WaitingFor::Isolated, None)
-            .unwrap();
+        c.defer(
+            ContinuationToken("s-t1-c0".into()),
+            WaitingFor::Isolated,
+            None,
+        )
+        .unwrap();
         assert_eq!(c.attempts, 1);
         *c.attempt_mut().unwrap() = Attempt::Claimed(Claim {
             holder: "a".into(),
@@ -568,7 +581,11 @@ mod tests {
         });
         c.retry_at_time(Millis(9));
         assert_eq!((c.claim(), c.retry_at()), (None, Some(Millis(9))));
-        c.finish(Failed, ToolResult::error("boom"), "agents").unwrap();
-        assert_eq!((c.attempt(), c.deadline(), c.waiting_for()), (None, None, None));
+        c.finish(Failed, ToolResult::error("boom"), "agents")
+            .unwrap();
+        assert_eq!(
+            (c.attempt(), c.deadline(), c.waiting_for()),
+            (None, None, None)
+        );
     }
 }

@@ -581,7 +581,12 @@ impl Session {
         if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
             let model = &self.state.model_attempt;
             own.extend(model.retry_at());
-            own.extend(model.claim().filter(|c| self.blocked(c, now)).map(|c| c.until));
+            own.extend(
+                model
+                    .claim()
+                    .filter(|c| self.blocked(c, now))
+                    .map(|c| c.until),
+            );
         }
         let mut deadlines: Vec<Millis> = Vec::new();
         deadlines.extend(self.config.limits.deadline);

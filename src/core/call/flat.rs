@@ -216,26 +216,26 @@ mod tests {
 
     #[test]
     fn every_valid_stored_shape_loads_and_writes_back_byte_for_byte() {
+        // As the stores wrote calls before the core had stages: fields in
+        // declaration order, empty ones left out.
+        let head =
+            r#"{"id":"t1-c0","call":{"modelCallId":"m","name":"search","arguments":"{}"},"state":"#;
+        let policy = r#""policy":{"disposition":{"mode":"runSync"},"decorators":{}}"#;
         let shapes = [
-            json!({}),
-            json!({"state": "Running", "attempts": 1, "claim": {"holder": "a", "until": 9}}),
-            json!({"state": "Running", "attempts": 1, "retryAt": 7}),
-            json!({"state": "Deferred", "token": "s-t1-c0", "waitingFor": "approval", "deadline": 5}),
-            json!({"state": "Deferred", "token": "s-t1-c0", "waitingFor": "isolated",
-                   "attempts": 2, "claim": {"holder": "a", "until": 9}}),
-            json!({"state": "Running", "token": "s-t1-c0", "attempts": 1,
-                   "approval": {"approved": true, "by": "ann", "arguments": "{\"q\":1}"}}),
-            json!({"state": "Completed", "token": "s-t1-c0", "completedBy": "bob",
-                   "result": {"status": "success", "response": {"type": "text", "text": "x"}}}),
-            json!({"state": "Failed", "attempts": 3, "completedBy": "agents",
-                   "result": {"status": "error", "message": "boom"}}),
+            r#""Ready",P,"attempts":0}"#,
+            r#""Running",P,"attempts":1,"claim":{"holder":"a","until":9}}"#,
+            r#""Running",P,"attempts":1,"retryAt":7}"#,
+            r#""Deferred",P,"token":"s-t1-c0","waitingFor":"approval","attempts":0,"deadline":5}"#,
+            r#""Deferred",P,"token":"s-t1-c0","waitingFor":"isolated","attempts":2,"claim":{"holder":"a","until":9}}"#,
+            r#""Running",P,"token":"s-t1-c0","approval":{"approved":true,"by":"ann","arguments":"{}"},"attempts":1}"#,
+            r#""Completed",P,"token":"s-t1-c0","result":{"status":"success","response":{"type":"text","content":"x"}},"completedBy":"bob","attempts":0}"#,
+            r#""Failed",P,"result":{"status":"error","message":"boom"},"completedBy":"agents","attempts":3}"#,
         ];
-        for extra in shapes {
-            let text = serde_json::to_string(&stored(extra.clone())).unwrap();
-            let call: TrackedToolCall = serde_json::from_str(&text).unwrap_or_else(|e| {
-                panic!("{extra}: {e}");
-            });
-            assert_eq!(serde_json::to_string(&call).unwrap(), text, "{extra}");
+        for shape in shapes {
+            let text = format!("{head}{}", shape.replace('P', policy));
+            let call: TrackedToolCall =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(serde_json::to_string(&call).unwrap(), text);
         }
     }
 
@@ -302,6 +302,9 @@ mod tests {
         }
         let both = json!({"modelRetryAt": 3, "modelClaim": {"holder": "a", "until": 9}});
         let err = serde_json::from_value::<Holder>(both).unwrap_err();
-        assert!(err.to_string().contains("the model call is both claimed"), "{err}");
+        assert!(
+            err.to_string().contains("the model call is both claimed"),
+            "{err}"
+        );
     }
 }
