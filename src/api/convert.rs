@@ -832,6 +832,35 @@ mod tests {
     use super::*;
     use crate::api::Session;
 
+    #[test]
+    fn a_status_call_no_event_can_produce_is_refused_naming_the_field() {
+        let mut state = SessionState::new(SessionId("s".into()));
+        let mut call = TrackedToolCall::new(
+            CallId::new(1, 0),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            AppliedPolicy::default(),
+        );
+        call.start().unwrap();
+        state.open = Some(PartialUserTurn {
+            turn: 1,
+            calls: vec![call],
+        });
+        state.phase = Phase::RunningTools;
+        let mut status = session_status(&state);
+        assert_eq!(session_state(&state.id, &status), Ok(state.clone()));
+        status.open_turn.as_mut().unwrap().calls[0].state = CallStateName::Completed;
+        let refused = session_state(&state.id, &status).unwrap_err();
+        assert_eq!(refused.field, "status.openTurn.calls[0]");
+        assert_eq!(
+            refused.message,
+            "tool call t1-c0 (search) is final but holds no result"
+        );
+    }
+
     fn quickstart() -> Session {
         let text = include_str!("../../examples/quickstart.yaml");
         serde_norway::from_str(text).expect("the quickstart parses")

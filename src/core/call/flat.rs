@@ -293,6 +293,31 @@ mod tests {
     }
 
     #[test]
+    fn the_model_attempt_keeps_its_two_stored_fields() {
+        use crate::core::{SessionId, SessionState};
+        let mut state = SessionState::new(SessionId("s".into()));
+        state.model_attempt = Attempt::RetryAt(Millis(7));
+        let text = serde_json::to_string(&state).unwrap();
+        assert!(
+            text.contains(r#""modelAttempts":0,"modelRetryAt":7,"messagesTaken":0"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<SessionState>(&text).unwrap(), state);
+        state.model_attempt = Attempt::Claimed(Claim {
+            holder: "a".into(),
+            until: Millis(9),
+        });
+        let text = serde_json::to_string(&state).unwrap();
+        assert!(
+            text.contains(
+                r#""modelAttempts":0,"modelClaim":{"holder":"a","until":9},"messagesTaken""#
+            ),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<SessionState>(&text).unwrap(), state);
+    }
+
+    #[test]
     fn a_bad_model_attempt_is_refused_on_load() {
         #[derive(Debug, Deserialize)]
         struct Holder {
