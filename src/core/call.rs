@@ -27,6 +27,8 @@ use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The name of a [`CallStage`], as status, errors and the transition
+/// table use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CallState {
     Ready,
@@ -409,21 +411,40 @@ impl TrackedToolCall {
         Ok(())
     }
 
-    /// A call waiting for approval is approved: it is Ready to run (with
-    /// the approver's edits, if any).
-    pub fn approve(&mut self, approval: Approval) -> Result<(), TransitionError> {
+    /// A call waiting for approval is approved by `by`: it is Ready to
+    /// run, with the approver's edited `arguments` where there are some.
+    pub fn approve(
+        &mut self,
+        by: String,
+        reason: Option<String>,
+        arguments: Option<String>,
+    ) -> Result<(), TransitionError> {
         self.allow_decision(CallState::Ready)?;
-        self.approval = Some(approval);
+        self.approval = Some(Approval {
+            approved: true,
+            by,
+            reason,
+            arguments,
+        });
         self.stage = CallStage::Ready;
         Ok(())
     }
 
-    /// A call waiting for approval is denied: it completes with `result`,
-    /// which tells the model.
-    pub fn deny(&mut self, approval: Approval, result: ToolResult) -> Result<(), TransitionError> {
+    /// A call waiting for approval is denied by `by`: it completes with
+    /// `result`, which tells the model.
+    pub fn deny(
+        &mut self,
+        by: String,
+        reason: Option<String>,
+        result: ToolResult,
+    ) -> Result<(), TransitionError> {
         self.allow_decision(CallState::Completed)?;
-        let by = approval.by.clone();
-        self.approval = Some(approval);
+        self.approval = Some(Approval {
+            approved: false,
+            by: by.clone(),
+            reason,
+            arguments: None,
+        });
         self.stage = CallStage::Completed(Outcome { result, by });
         Ok(())
     }
@@ -450,7 +471,7 @@ impl TrackedToolCall {
     }
 
     /// The failed attempt is retried at `at`; its claim is released.
-    pub fn retry_at_time(&mut self, at: Millis) {
+    pub fn schedule_retry(&mut self, at: Millis) {
         if let Some(attempt) = self.attempt_mut() {
             *attempt = Attempt::RetryAt(at);
         }
@@ -544,13 +565,7 @@ mod tests {
         let mut c = search();
         let token = ContinuationToken("s-t1-c0".into());
         c.defer(token, WaitingFor::External, None).unwrap();
-        let yes = Approval {
-            approved: true,
-            by: "ann".into(),
-            reason: None,
-            arguments: None,
-        };
-        assert!(c.approve(yes.clone()).is_err());
+        assert!(c.approve("ann".into(), None, None).is_err());
         assert_eq!(c.approval(), None);
         let mut c = search();
         c.defer(
@@ -559,7 +574,7 @@ mod tests {
             None,
         )
         .unwrap();
-        c.approve(yes).unwrap();
+        c.approve("ann".into(), None, None).unwrap();
         assert_eq!(c.state(), Ready);
         // The token outlives the wait: the approved call runs under it.
         assert!(c.token().is_some());
@@ -579,7 +594,7 @@ mod tests {
             holder: "a".into(),
             until: Millis(5),
         });
-        c.retry_at_time(Millis(9));
+        c.schedule_retry(Millis(9));
         assert_eq!((c.claim(), c.retry_at()), (None, Some(Millis(9))));
         c.finish(Failed, ToolResult::error("boom"), "agents")
             .unwrap();

@@ -929,7 +929,7 @@ impl Session {
             .ok_or(CoreError::UnknownCall { call: id })?;
         let mut store = None;
         if result.is_error() && !from_cache && call.attempts <= call.policy.decorators.retries {
-            call.retry_at_time(retry_time(call.attempts, now));
+            call.schedule_retry(retry_time(call.attempts, now));
         } else {
             let result = truncate(result, Some(result_limit(call, scope.1)));
             if call.policy.decorators.cache && !from_cache && !result.is_error() {
@@ -993,7 +993,7 @@ impl Session {
             });
         }
         if result.is_error() && call.attempts <= call.policy.decorators.retries {
-            call.retry_at_time(retry_time(call.attempts, now));
+            call.schedule_retry(retry_time(call.attempts, now));
             return Ok(WakeOutcome::Applied);
         }
         let result = truncate(result, Some(result_limit(call, scope.1)));
@@ -1150,19 +1150,12 @@ impl Session {
             self.settle(now);
             return Ok(WakeOutcome::Applied);
         }
-        let denied = super::acceptance::denial(&by, reason.as_deref());
-        let approval = Approval {
-            approved,
-            by: by.clone(),
-            reason,
-            arguments: arguments.filter(|_| approved),
-        };
         if approved {
-            call.approve(approval)?;
+            call.approve(by, reason, arguments)?;
             self.dispatch(now);
         } else {
-            let result = denied;
-            call.deny(approval, result.clone())?;
+            let result = super::acceptance::denial(&by, reason.as_deref());
+            call.deny(by.clone(), reason, result.clone())?;
             self.push_result(Action::RecordResult {
                 token: token.clone(),
                 result,
@@ -1244,13 +1237,7 @@ impl Session {
                     ))
                 }
                 OnTimeout::Approve => {
-                    let approval = Approval {
-                        approved: true,
-                        by: ENGINE_BY.into(),
-                        reason: Some(why),
-                        arguments: None,
-                    };
-                    approved |= call.approve(approval).is_ok();
+                    approved |= call.approve(ENGINE_BY.into(), Some(why), None).is_ok();
                 }
                 OnTimeout::Deny => {
                     let result = super::acceptance::denial(ENGINE_BY, Some(&why));
