@@ -164,7 +164,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
         Op::Attempt(i, ok, stale) => {
             let c = call(*i)?;
             Event::AttemptFinished {
-                token: c.token.clone()?,
+                token: c.token().cloned()?,
                 attempt: if *stale {
                     c.attempts.saturating_sub(1)
                 } else {
@@ -178,7 +178,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
             }
         }
         Op::Wake(i, a) => Event::Wake {
-            token: call(*i)?.token.clone()?,
+            token: call(*i)?.token().cloned()?,
             result: ToolResult::text(if *a { "A" } else { "B" }),
             by: "prop".into(),
         },
@@ -188,7 +188,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
             by: "prop".into(),
         },
         Op::Decide(i, approved) => Event::Decide {
-            token: call(*i)?.token.clone()?,
+            token: call(*i)?.token().cloned()?,
             approved: *approved,
             by: "prop".into(),
             reason: None,
@@ -208,12 +208,12 @@ fn check_invariants(
 ) {
     if let Some(open) = &state.open {
         assert!(
-            open.calls.iter().any(|c| !c.state.is_final()) || state.phase == Phase::Failed,
+            open.calls.iter().any(|c| !c.state().is_final()) || state.phase == Phase::Failed,
             "an open turn whose calls are all final must have closed"
         );
         for c in &open.calls {
-            assert_eq!(c.state.is_final(), c.result.is_some(), "{c:?}");
-            if let Some(r) = &c.result {
+            assert_eq!(c.state().is_final(), c.result().is_some(), "{c:?}");
+            if let Some(r) = c.result() {
                 let prev = finals.entry(c.id.to_string()).or_insert_with(|| r.clone());
                 assert_eq!(
                     prev, r,
@@ -249,10 +249,12 @@ fn check_invariants(
     }
     // A success result on a call under `approval` was approved first.
     for c in state.open.iter().flat_map(|o| o.calls.iter()) {
-        c.check().unwrap();
-        if c.policy.decorators.approval && c.result.as_ref().is_some_and(|r| !r.is_error()) {
+        // Every reachable call loads back from its stored, flat form.
+        let flat = agents::core::call::flat::FlatCall::from(c.clone());
+        assert_eq!(TrackedToolCall::try_from(flat).as_ref(), Ok(c));
+        if c.policy.decorators.approval && c.result().is_some_and(|r| !r.is_error()) {
             assert!(
-                c.approval.as_ref().is_some_and(|a| a.approved),
+                c.approval().is_some_and(|a| a.approved),
                 "{} holds a success result without an approval",
                 c.id
             );
@@ -288,7 +290,7 @@ fn run(ops: &[Op]) -> (String, String) {
                 let awaited_approval = match &ev {
                     Event::Wake { token, .. } => before
                         .find_call(token)
-                        .is_some_and(|c| c.waiting_for == Some(WaitingFor::Approval)),
+                        .is_some_and(|c| c.waiting_for() == Some(WaitingFor::Approval)),
                     _ => false,
                 };
                 let out = s.handle(ev.clone(), now);

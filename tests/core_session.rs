@@ -397,7 +397,7 @@ fn approval_then_run_and_denial_is_fed_back() {
         .state()
         .pending()
         .iter()
-        .all(|c| c.waiting_for == Some(WaitingFor::Approval)));
+        .all(|c| c.waiting_for() == Some(WaitingFor::Approval)));
 
     let approve = |s: &mut Session, t: &str, ok: bool| {
         s.handle(
@@ -574,7 +574,7 @@ fn a_pause_drops_queued_starts_and_keeps_the_checkpoint() {
             .open
             .iter()
             .flat_map(|o| o.calls.iter())
-            .all(|c| c.claim.is_none()),
+            .all(|c| c.claim().is_none()),
         "claims of dropped starts are released"
     );
     s.handle(Event::Resume, T0).unwrap();
@@ -652,8 +652,9 @@ fn claims_keep_a_second_driver_off_work_until_they_lapse() {
     );
     let claim = a
         .state()
-        .model_claim
-        .clone()
+        .model_attempt
+        .claim()
+        .cloned()
         .expect("the model call is claimed");
     assert_eq!(claim.holder, "a");
     // Driver b loads the checkpoint: it leaves the model call alone...
@@ -897,7 +898,7 @@ fn bad_input_is_reported_and_leaves_the_state_intact() {
         .unwrap()
         .calls
         .iter()
-        .map(|c| (c.state, c.result.clone()))
+        .map(|c| (c.state(), c.result().cloned()))
         .collect();
     let msg = |i: usize| match &results[i].1 {
         Some(ToolResult::Error { message }) => message.clone(),

@@ -13,6 +13,7 @@ use super::session::{
     LimitsSpec, OpenTurnStatus, Role, SessionPhase, SessionStatus, ToolCallStatus,
     ToolResultStatus, TrackedCallStatus, TurnStatus, UsageStatus, WaitingForName,
 };
+use crate::core::call::flat::FlatCall;
 use crate::core::call::{Approval, TrackedToolCall};
 use crate::core::conversation::ToolResultEntry;
 use crate::core::envelope::ContextSnapshot;
@@ -430,8 +431,8 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         }),
         inbox: state.inbox.clone(),
         model_attempts: state.model_attempts,
-        model_retry_at: state.model_retry_at.map(time),
-        model_claim: state.model_claim.as_ref().map(claim_status),
+        model_retry_at: state.model_attempt.retry_at().map(time),
+        model_claim: state.model_attempt.claim().map(claim_status),
     }
 }
 
@@ -467,6 +468,11 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
                 .collect::<Result<Vec<_>, _>>()?,
         }),
     };
+    let model_attempt = Attempt::from_parts(
+        status.model_claim.as_ref().map(claim),
+        status.model_retry_at.as_ref().map(millis),
+    )
+    .map_err(|why| err("status.modelClaim", format!("the model call {why}")))?;
     let mut state = SessionState {
         id: id.clone(),
         phase: Phase::Idle,
@@ -482,8 +488,7 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
         answer: status.answer.clone(),
         failure: status.failure.clone(),
         model_attempts: status.model_attempts,
-        model_retry_at: status.model_retry_at.as_ref().map(millis),
-        model_claim: status.model_claim.as_ref().map(claim),
+        model_attempt,
         messages_taken: status.messages_seen,
         retries_taken: status.retries_seen,
     };
@@ -503,7 +508,7 @@ fn derive_phase(state: &SessionState, shown: SessionPhase) -> Phase {
         return if open
             .calls
             .iter()
-            .any(|c| matches!(c.state, CallState::Ready | CallState::Running))
+            .any(|c| matches!(c.state(), CallState::Ready | CallState::Running))
         {
             Phase::RunningTools
         } else {
@@ -663,32 +668,36 @@ pub fn waiting_for(w: WaitingForName) -> WaitingFor {
     }
 }
 
+/// The status form of a call: the core's flat form, field for field.
 fn tracked_call_status(c: &TrackedToolCall) -> TrackedCallStatus {
+    let f = FlatCall::from(c.clone());
     TrackedCallStatus {
-        id: c.id.to_string(),
-        call: tool_call_status(&c.call),
-        state: call_state_name(c.state),
-        policy: applied_policy_status(&c.policy),
-        token: c.token.as_ref().map(|t| t.0.clone()),
-        waiting_for: c.waiting_for.map(waiting_for_name),
-        approval: c.approval.as_ref().map(|a| ApprovalStatus {
+        id: f.id.to_string(),
+        call: tool_call_status(&f.call),
+        state: call_state_name(f.state),
+        policy: applied_policy_status(&f.policy),
+        token: f.token.map(|t| t.0),
+        waiting_for: f.waiting_for.map(waiting_for_name),
+        approval: f.approval.map(|a| ApprovalStatus {
             approved: a.approved,
-            by: a.by.clone(),
-            reason: a.reason.clone(),
-            arguments: a.arguments.clone(),
+            by: a.by,
+            reason: a.reason,
+            arguments: a.arguments,
         }),
-        result: c.result.as_ref().map(result_value),
-        completed_by: c.completed_by.clone(),
-        attempts: c.attempts,
-        deadline: c.deadline.map(time),
-        retry_at: c.retry_at.map(time),
-        claim: c.claim.as_ref().map(claim_status),
+        result: f.result.as_ref().map(result_value),
+        completed_by: f.completed_by,
+        attempts: f.attempts,
+        deadline: f.deadline.map(time),
+        retry_at: f.retry_at.map(time),
+        claim: f.claim.as_ref().map(claim_status),
         job: None,
     }
 }
 
+/// A call from its status; a combination no sequence of events produces
+/// is refused, naming the field and the problem.
 fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, ConvertError> {
-    let call = TrackedToolCall {
+    let flat = FlatCall {
         id: call_id(&c.id, &format!("{field}.id"))?,
         call: tool_call(&c.call),
         state: call_state(c.state),
@@ -712,8 +721,7 @@ fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, C
         retry_at: c.retry_at.as_ref().map(millis),
         claim: c.claim.as_ref().map(claim),
     };
-    call.check().map_err(|why| err(field, why))?;
-    Ok(call)
+    TrackedToolCall::try_from(flat).map_err(|why| err(field, why.to_string()))
 }
 
 fn claim_status(c: &Claim) -> ClaimStatus {
@@ -823,6 +831,35 @@ pub fn core_continuation_spec(
 mod tests {
     use super::*;
     use crate::api::Session;
+
+    #[test]
+    fn a_status_call_no_event_can_produce_is_refused_naming_the_field() {
+        let mut state = SessionState::new(SessionId("s".into()));
+        let mut call = TrackedToolCall::new(
+            CallId::new(1, 0),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            AppliedPolicy::default(),
+        );
+        call.start().unwrap();
+        state.open = Some(PartialUserTurn {
+            turn: 1,
+            calls: vec![call],
+        });
+        state.phase = Phase::RunningTools;
+        let mut status = session_status(&state);
+        assert_eq!(session_state(&state.id, &status), Ok(state.clone()));
+        status.open_turn.as_mut().unwrap().calls[0].state = CallStateName::Completed;
+        let refused = session_state(&state.id, &status).unwrap_err();
+        assert_eq!(refused.field, "status.openTurn.calls[0]");
+        assert_eq!(
+            refused.message,
+            "tool call t1-c0 (search) is final but holds no result"
+        );
+    }
 
     fn quickstart() -> Session {
         let text = include_str!("../../examples/quickstart.yaml");

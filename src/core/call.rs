@@ -11,6 +11,14 @@
 //! in the background or isolated) and failed after its retries; the seed's
 //! `Deferred -> Failed` is added because background and isolated attempts
 //! run while their call stays deferred (its continuation is the handle).
+//!
+//! A call's per-state data lives in its [`CallStage`], the rustls way: a
+//! claim or a pending retry only where a driver runs an attempt, what a
+//! call waits for only while deferred, a result only once final. The flat
+//! shape the stores have always written is [`flat::FlatCall`]; loading one
+//! that no sequence of events can produce is refused, naming the problem.
+
+pub mod flat;
 
 use super::conversation::{ToolCall, ToolResult};
 use super::ids::{CallId, ContinuationToken};
@@ -19,6 +27,8 @@ use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The name of a [`CallStage`], as status, errors and the transition
+/// table use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CallState {
     Ready,
@@ -110,39 +120,189 @@ pub struct Approval {
     pub arguments: Option<String>,
 }
 
+/// The current attempt of work a driver runs itself (a `runSync` run, a
+/// background or isolated attempt, the model call): free to start, held by
+/// a driver, or resting until a retry is due. A failed attempt releases its
+/// claim, so a claim and a pending retry never come together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Attempt {
+    #[default]
+    Unclaimed,
+    Claimed(Claim),
+    RetryAt(Millis),
+}
+
+impl Attempt {
+    pub fn claim(&self) -> Option<&Claim> {
+        match self {
+            Attempt::Claimed(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub fn retry_at(&self) -> Option<Millis> {
+        match self {
+            Attempt::RetryAt(t) => Some(*t),
+            _ => None,
+        }
+    }
+
+    /// Drops `holder`'s claim: the work is started afresh later (a pause).
+    pub fn release(&mut self, holder: &str) {
+        if self.claim().is_some_and(|c| c.holder == holder) {
+            *self = Attempt::Unclaimed;
+        }
+    }
+
+    /// From the two optional fields a store keeps; both at once is refused.
+    pub fn from_parts(
+        claim: Option<Claim>,
+        retry_at: Option<Millis>,
+    ) -> Result<Self, &'static str> {
+        match (claim, retry_at) {
+            (Some(_), Some(_)) => Err("is both claimed and waiting to retry"),
+            (Some(c), None) => Ok(Attempt::Claimed(c)),
+            (None, Some(t)) => Ok(Attempt::RetryAt(t)),
+            (None, None) => Ok(Attempt::Unclaimed),
+        }
+    }
+
+    pub fn into_parts(self) -> (Option<Claim>, Option<Millis>) {
+        match self {
+            Attempt::Unclaimed => (None, None),
+            Attempt::Claimed(c) => (Some(c), None),
+            Attempt::RetryAt(t) => (None, Some(t)),
+        }
+    }
+}
+
+/// What a deferred call waits for; the waits a driver runs carry their
+/// attempt, the others (a decision, an outside party) have none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    Approval,
+    External,
+    Background(Attempt),
+    Isolated(Attempt),
+}
+
+impl Wait {
+    pub fn new(kind: WaitingFor) -> Self {
+        match kind {
+            WaitingFor::Approval => Wait::Approval,
+            WaitingFor::External => Wait::External,
+            WaitingFor::Background => Wait::Background(Attempt::Unclaimed),
+            WaitingFor::Isolated => Wait::Isolated(Attempt::Unclaimed),
+        }
+    }
+
+    pub fn kind(&self) -> WaitingFor {
+        match self {
+            Wait::Approval => WaitingFor::Approval,
+            Wait::External => WaitingFor::External,
+            Wait::Background(_) => WaitingFor::Background,
+            Wait::Isolated(_) => WaitingFor::Isolated,
+        }
+    }
+
+    pub fn attempt(&self) -> Option<&Attempt> {
+        match self {
+            Wait::Background(a) | Wait::Isolated(a) => Some(a),
+            Wait::Approval | Wait::External => None,
+        }
+    }
+
+    fn attempt_mut(&mut self) -> Option<&mut Attempt> {
+        match self {
+            Wait::Background(a) | Wait::Isolated(a) => Some(a),
+            Wait::Approval | Wait::External => None,
+        }
+    }
+}
+
+/// A final call's result and who supplied it (a user, a worker,
+/// `agents`, `cache`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub result: ToolResult,
+    pub by: String,
+}
+
+/// Where a call is, carrying exactly the data that state has.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallStage {
+    /// Classified; the scheduler starts or defers it next.
+    Ready,
+    /// Runs in the reconcile step (`runSync`).
+    Running(Attempt),
+    /// Waits on its continuation; `deadline` is when the wait gives up
+    /// (the `timeout` decorator, or the approval's own timeout).
+    Deferred {
+        wait: Wait,
+        deadline: Option<Millis>,
+    },
+    Completed(Outcome),
+    Failed(Outcome),
+}
+
+impl CallStage {
+    pub fn state(&self) -> CallState {
+        match self {
+            CallStage::Ready => CallState::Ready,
+            CallStage::Running(_) => CallState::Running,
+            CallStage::Deferred { .. } => CallState::Deferred,
+            CallStage::Completed(_) => CallState::Completed,
+            CallStage::Failed(_) => CallState::Failed,
+        }
+    }
+
+    pub fn outcome(&self) -> Option<&Outcome> {
+        match self {
+            CallStage::Completed(o) | CallStage::Failed(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    pub fn into_outcome(self) -> Option<Outcome> {
+        match self {
+            CallStage::Completed(o) | CallStage::Failed(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// One tool call of the open turn. The data that spans states stays here:
+/// the continuation token, which a call keeps from its first deferral on
+/// (an approved call runs under it; a closed turn answers repeated wakes
+/// with it), and the approval, which outlives the wait it ended. Fields
+/// that hold an invariant are private and change only through the
+/// transition methods.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(try_from = "flat::FlatCall", into = "flat::FlatCall")]
 pub struct TrackedToolCall {
     pub id: CallId,
     pub call: ToolCall,
-    pub state: CallState,
     pub policy: AppliedPolicy,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<ContinuationToken>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting_for: Option<WaitingFor>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<Approval>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<ToolResult>,
-    /// Who supplied the result (a user, a worker, `operator`, `cache`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_by: Option<String>,
     /// Executions started so far (retries count here).
-    #[serde(default)]
     pub attempts: u32,
-    /// When the current wait gives up (the `timeout` decorator).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Millis>,
-    /// When a failed attempt is retried (the `retries` decorator).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<Millis>,
-    /// The driver running the current attempt (see [`Claim`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<Claim>,
+    token: Option<ContinuationToken>,
+    approval: Option<Approval>,
+    stage: CallStage,
 }
 
 impl TrackedToolCall {
+    pub fn new(id: CallId, call: ToolCall, policy: AppliedPolicy) -> Self {
+        TrackedToolCall {
+            id,
+            call,
+            policy,
+            attempts: 0,
+            token: None,
+            approval: None,
+            stage: CallStage::Ready,
+        }
+    }
+
     /// The call as it runs: the model's, with an approver's edited
     /// arguments in place where there are some.
     pub fn effective_call(&self) -> ToolCall {
@@ -153,88 +313,196 @@ impl TrackedToolCall {
         call
     }
 
-    pub fn new(id: CallId, call: ToolCall, policy: AppliedPolicy) -> Self {
-        TrackedToolCall {
-            id,
-            call,
-            state: CallState::Ready,
-            policy,
-            token: None,
-            waiting_for: None,
-            approval: None,
-            result: None,
-            completed_by: None,
-            attempts: 0,
-            deadline: None,
-            retry_at: None,
-            claim: None,
-        }
+    pub fn stage(&self) -> &CallStage {
+        &self.stage
     }
 
-    /// The combinations a state allows; a stored call that breaks one (a
-    /// deferred call without a token, a call both waiting and completed)
-    /// was edited by hand or written by a bug, and is refused on load.
-    pub fn check(&self) -> Result<(), String> {
-        let problem = match self.state {
-            CallState::Deferred if self.token.is_none() => Some("is Deferred but has no token"),
-            CallState::Deferred if self.waiting_for.is_none() => {
-                Some("is Deferred but says nothing about what it waits for")
-            }
-            CallState::Deferred | CallState::Ready | CallState::Running
-                if self.result.is_some() =>
-            {
-                Some("holds a result but is not final")
-            }
-            CallState::Ready | CallState::Running if self.waiting_for.is_some() => {
-                Some("waits for something but is not Deferred")
-            }
-            CallState::Completed | CallState::Failed if self.result.is_none() => {
-                Some("is final but holds no result")
-            }
-            CallState::Completed | CallState::Failed
-                if self.waiting_for.is_some() || self.claim.is_some() =>
-            {
-                Some("is final but still waits or is claimed")
-            }
+    pub fn state(&self) -> CallState {
+        self.stage.state()
+    }
+
+    pub fn token(&self) -> Option<&ContinuationToken> {
+        self.token.as_ref()
+    }
+
+    pub fn approval(&self) -> Option<&Approval> {
+        self.approval.as_ref()
+    }
+
+    /// What the call waits for; `None` unless it is deferred.
+    pub fn waiting_for(&self) -> Option<WaitingFor> {
+        match &self.stage {
+            CallStage::Deferred { wait, .. } => Some(wait.kind()),
             _ => None,
-        };
-        match problem {
-            Some(p) => Err(format!("tool call {} ({}) {p}", self.id, self.call.name)),
-            None => Ok(()),
         }
     }
 
-    /// Moves to `to`, or refuses with an error naming the call and the move.
-    pub fn transition(&mut self, to: CallState) -> Result<(), TransitionError> {
-        if !self.state.can_move_to(to) {
-            return Err(TransitionError {
-                call: self.id,
-                tool: self.call.name.clone(),
-                from: self.state,
-                to,
-            });
+    pub fn deadline(&self) -> Option<Millis> {
+        match &self.stage {
+            CallStage::Deferred { deadline, .. } => *deadline,
+            _ => None,
         }
-        self.state = to;
-        if to != CallState::Deferred {
-            self.waiting_for = None;
+    }
+
+    pub fn result(&self) -> Option<&ToolResult> {
+        self.stage.outcome().map(|o| &o.result)
+    }
+
+    /// The final result and who supplied it, taken out of a closed call.
+    pub fn into_outcome(self) -> Option<Outcome> {
+        self.stage.into_outcome()
+    }
+
+    pub fn completed_by(&self) -> Option<&str> {
+        self.stage.outcome().map(|o| o.by.as_str())
+    }
+
+    /// The attempt a driver runs for this call (running, or deferred to
+    /// the background or an isolated run); `None` for the other states.
+    pub fn attempt(&self) -> Option<&Attempt> {
+        match &self.stage {
+            CallStage::Running(a) => Some(a),
+            CallStage::Deferred { wait, .. } => wait.attempt(),
+            _ => None,
         }
+    }
+
+    pub fn attempt_mut(&mut self) -> Option<&mut Attempt> {
+        match &mut self.stage {
+            CallStage::Running(a) => Some(a),
+            CallStage::Deferred { wait, .. } => wait.attempt_mut(),
+            _ => None,
+        }
+    }
+
+    pub fn claim(&self) -> Option<&Claim> {
+        self.attempt().and_then(Attempt::claim)
+    }
+
+    pub fn retry_at(&self) -> Option<Millis> {
+        self.attempt().and_then(Attempt::retry_at)
+    }
+
+    /// Ready -> Running: the first attempt, not yet claimed.
+    pub fn start(&mut self) -> Result<(), TransitionError> {
+        self.allow(CallState::Running)?;
+        self.attempts += 1;
+        self.stage = CallStage::Running(Attempt::Unclaimed);
         Ok(())
     }
 
-    /// Records the final result. The state must allow the move.
+    /// Ready -> Deferred under `token`. A wait this product runs itself
+    /// (background, isolated) begins its first attempt.
+    pub fn defer(
+        &mut self,
+        token: ContinuationToken,
+        waiting_for: WaitingFor,
+        deadline: Option<Millis>,
+    ) -> Result<(), TransitionError> {
+        self.allow(CallState::Deferred)?;
+        if matches!(waiting_for, WaitingFor::Background | WaitingFor::Isolated) {
+            self.attempts += 1;
+        }
+        self.token = Some(token);
+        self.stage = CallStage::Deferred {
+            wait: Wait::new(waiting_for),
+            deadline,
+        };
+        Ok(())
+    }
+
+    /// A call waiting for approval is approved by `by`: it is Ready to
+    /// run, with the approver's edited `arguments` where there are some.
+    pub fn approve(
+        &mut self,
+        by: String,
+        reason: Option<String>,
+        arguments: Option<String>,
+    ) -> Result<(), TransitionError> {
+        self.allow_decision(CallState::Ready)?;
+        self.approval = Some(Approval {
+            approved: true,
+            by,
+            reason,
+            arguments,
+        });
+        self.stage = CallStage::Ready;
+        Ok(())
+    }
+
+    /// A call waiting for approval is denied by `by`: it completes with
+    /// `result`, which tells the model.
+    pub fn deny(
+        &mut self,
+        by: String,
+        reason: Option<String>,
+        result: ToolResult,
+    ) -> Result<(), TransitionError> {
+        self.allow_decision(CallState::Completed)?;
+        self.approval = Some(Approval {
+            approved: false,
+            by: by.clone(),
+            reason,
+            arguments: None,
+        });
+        self.stage = CallStage::Completed(Outcome { result, by });
+        Ok(())
+    }
+
+    /// Records the final result; `to` is `Completed` or `Failed`, and the
+    /// state must allow the move.
     pub fn finish(
         &mut self,
         to: CallState,
         result: ToolResult,
         by: &str,
     ) -> Result<(), TransitionError> {
-        self.transition(to)?;
-        self.result = Some(result);
-        self.completed_by = Some(by.to_string());
-        self.deadline = None;
-        self.retry_at = None;
-        self.claim = None;
+        self.allow(to)?;
+        let outcome = Outcome {
+            result,
+            by: by.to_string(),
+        };
+        self.stage = match to {
+            CallState::Completed => CallStage::Completed(outcome),
+            CallState::Failed => CallStage::Failed(outcome),
+            _ => return Err(self.refused(to)),
+        };
         Ok(())
+    }
+
+    /// The failed attempt is retried at `at`; its claim is released.
+    pub fn schedule_retry(&mut self, at: Millis) {
+        if let Some(attempt) = self.attempt_mut() {
+            *attempt = Attempt::RetryAt(at);
+        }
+    }
+
+    fn allow(&self, to: CallState) -> Result<(), TransitionError> {
+        if self.state().can_move_to(to) {
+            Ok(())
+        } else {
+            Err(self.refused(to))
+        }
+    }
+
+    /// A decision ends only a wait for one.
+    fn allow_decision(&self, to: CallState) -> Result<(), TransitionError> {
+        match self.stage {
+            CallStage::Deferred {
+                wait: Wait::Approval,
+                ..
+            } => Ok(()),
+            _ => Err(self.refused(to)),
+        }
+    }
+
+    fn refused(&self, to: CallState) -> TransitionError {
+        TransitionError {
+            call: self.id,
+            tool: self.call.name.clone(),
+            from: self.state(),
+            to,
+        }
     }
 }
 
@@ -242,6 +510,18 @@ impl TrackedToolCall {
 mod tests {
     use super::*;
     use CallState::*;
+
+    fn search() -> TrackedToolCall {
+        TrackedToolCall::new(
+            CallId::new(1, 0),
+            ToolCall {
+                model_call_id: "m".into(),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            AppliedPolicy::default(),
+        )
+    }
 
     #[test]
     fn only_the_documented_transitions_are_legal() {
@@ -268,48 +548,59 @@ mod tests {
     }
 
     #[test]
-    fn impossible_combinations_are_named() {
-        let mut c = TrackedToolCall::new(
-            CallId::new(1, 0),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "search".into(),
-                arguments: "{}".into(),
-            },
-            AppliedPolicy::default(),
-        );
-        assert_eq!(c.check(), Ok(()));
-        c.state = Deferred;
-        c.waiting_for = Some(WaitingFor::External);
-        assert!(c.check().unwrap_err().contains("has no token"));
-        c.token = Some(ContinuationToken("s-t1-c0".into()));
-        assert_eq!(c.check(), Ok(()));
-        c.result = Some(ToolResult::text("x"));
-        assert!(c.check().unwrap_err().contains("not final"));
-        c.state = Completed;
-        assert!(c.check().unwrap_err().contains("still waits"));
-        c.waiting_for = None;
-        assert_eq!(c.check(), Ok(()));
-    }
-
-    #[test]
     fn illegal_transition_names_call_state_and_move() {
-        let mut c = TrackedToolCall::new(
-            CallId::new(1, 0),
-            ToolCall {
-                model_call_id: "m".into(),
-                name: "search".into(),
-                arguments: "{}".into(),
-            },
-            AppliedPolicy::default(),
-        );
+        let mut c = search();
         c.finish(Completed, ToolResult::text("x"), "test").unwrap();
-        let err = c.transition(Running).unwrap_err();
+        let err = c.start().unwrap_err();
         assert_eq!(
             err.to_string(),
             "tool call t1-c0 (search) cannot move from Completed to Running"
         );
-        assert_eq!(c.state, Completed);
-        assert_eq!(c.result, Some(ToolResult::text("x")));
+        assert_eq!(c.state(), Completed);
+        assert_eq!(c.result(), Some(&ToolResult::text("x")));
+    }
+
+    #[test]
+    fn only_a_call_waiting_for_approval_takes_a_decision() {
+        let mut c = search();
+        let token = ContinuationToken("s-t1-c0".into());
+        c.defer(token, WaitingFor::External, None).unwrap();
+        assert!(c.approve("ann".into(), None, None).is_err());
+        assert_eq!(c.approval(), None);
+        let mut c = search();
+        c.defer(
+            ContinuationToken("s-t1-c0".into()),
+            WaitingFor::Approval,
+            None,
+        )
+        .unwrap();
+        c.approve("ann".into(), None, None).unwrap();
+        assert_eq!(c.state(), Ready);
+        // The token outlives the wait: the approved call runs under it.
+        assert!(c.token().is_some());
+    }
+
+    #[test]
+    fn a_retry_releases_the_claim() {
+        let mut c = search();
+        c.defer(
+            ContinuationToken("s-t1-c0".into()),
+            WaitingFor::Isolated,
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.attempts, 1);
+        *c.attempt_mut().unwrap() = Attempt::Claimed(Claim {
+            holder: "a".into(),
+            until: Millis(5),
+        });
+        c.schedule_retry(Millis(9));
+        assert_eq!((c.claim(), c.retry_at()), (None, Some(Millis(9))));
+        c.finish(Failed, ToolResult::error("boom"), "agents")
+            .unwrap();
+        assert_eq!(
+            (c.attempt(), c.deadline(), c.waiting_for()),
+            (None, None, None)
+        );
     }
 }

@@ -121,17 +121,17 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
         ];
         let reason = order
             .iter()
-            .find(|(w, _)| pending.iter().any(|c| c.waiting_for == Some(*w)))
+            .find(|(w, _)| pending.iter().any(|c| c.waiting_for() == Some(*w)))
             .map(|(_, r)| *r)
             .unwrap_or("AwaitingExternal");
         let tokens: Vec<String> = pending
             .iter()
             .filter_map(|c| {
-                c.token.as_ref().map(|t| {
+                c.token().map(|t| {
                     format!(
                         "{t} ({}, {})",
                         c.call.name,
-                        match c.waiting_for {
+                        match c.waiting_for() {
                             Some(WaitingFor::Approval) => "approval",
                             Some(WaitingFor::External) => "outside result",
                             Some(WaitingFor::Isolated) => "isolated run",

@@ -33,7 +33,7 @@ pub mod session;
 pub mod time;
 
 pub use cache::{CacheKey, CacheScope};
-pub use call::{CallState, Claim, TrackedToolCall, WaitingFor};
+pub use call::{Attempt, CallStage, CallState, Claim, TrackedToolCall, Wait, WaitingFor};
 pub use conversation::{
     AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, ToolSchema, Turn, UserTurn,
 };

@@ -15,7 +15,10 @@
 
 use super::acceptance::ENGINE_BY;
 use super::cache::{cache_key, CacheKey, CacheScope};
-use super::call::{Approval, CallState, Claim, TrackedToolCall, TransitionError, WaitingFor};
+use super::call::{
+    flat, Approval, Attempt, CallStage, CallState, Claim, TrackedToolCall, TransitionError, Wait,
+    WaitingFor,
+};
 use super::conversation::{
     AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, ToolResultEntry, Turn, UserTurn,
 };
@@ -115,6 +118,22 @@ pub struct DriverRole {
     pub isolated: bool,
 }
 
+impl DriverRole {
+    /// True when this driver runs `call`'s current attempt itself (it does
+    /// not wait on the outside for it).
+    pub fn runs(&self, call: &TrackedToolCall) -> bool {
+        match call.stage() {
+            CallStage::Running(_) => self.model,
+            CallStage::Deferred { wait, .. } => match wait {
+                Wait::Background(_) => self.background,
+                Wait::Isolated(_) => self.isolated,
+                Wait::Approval | Wait::External => false,
+            },
+            CallStage::Ready | CallStage::Completed(_) | CallStage::Failed(_) => false,
+        }
+    }
+}
+
 impl Default for DriverRole {
     fn default() -> Self {
         DriverRole {
@@ -204,11 +223,11 @@ pub struct SessionState {
     pub failure: Option<String>,
     #[serde(default)]
     pub model_attempts: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_retry_at: Option<Millis>,
-    /// The driver whose model call is under way.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_claim: Option<Claim>,
+    /// The model call's current attempt: the driver whose call is under
+    /// way, or when a failed call is retried (stored as `modelRetryAt` and
+    /// `modelClaim`).
+    #[serde(flatten, with = "flat::model_attempt")]
+    pub model_attempt: Attempt,
     /// How many user messages the session has taken in (from `spec.messages`),
     /// so a driver re-reading them never sends one twice.
     #[serde(default)]
@@ -224,7 +243,7 @@ impl SessionState {
     pub fn fail(&mut self, reason: String) {
         self.phase = Phase::Failed;
         self.failure = Some(reason);
-        self.model_claim = None;
+        self.model_attempt = Attempt::Unclaimed;
     }
 
     pub fn new(id: SessionId) -> Self {
@@ -240,20 +259,10 @@ impl SessionState {
             answer: None,
             failure: None,
             model_attempts: 0,
-            model_retry_at: None,
-            model_claim: None,
+            model_attempt: Attempt::Unclaimed,
             messages_taken: 0,
             retries_taken: 0,
         }
-    }
-
-    /// Refuses a state no sequence of events can produce (see
-    /// [`TrackedToolCall::check`]).
-    pub fn check(&self) -> Result<(), String> {
-        for c in self.open.iter().flat_map(|o| o.calls.iter()) {
-            c.check()?;
-        }
-        Ok(())
     }
 
     /// Deferred calls of the open turn, with what each waits for.
@@ -261,7 +270,7 @@ impl SessionState {
         self.open
             .iter()
             .flat_map(|o| o.calls.iter())
-            .filter(|c| c.state == CallState::Deferred)
+            .filter(|c| c.state() == CallState::Deferred)
             .collect()
     }
 
@@ -269,7 +278,7 @@ impl SessionState {
         self.open
             .iter()
             .flat_map(|o| o.calls.iter())
-            .find(|c| c.token.as_ref() == Some(token))
+            .find(|c| c.token() == Some(token))
     }
 }
 
@@ -528,17 +537,12 @@ impl Session {
         times.extend(self.config.limits.deadline);
         let paused = self.state.paused;
         if !paused && self.state.phase == Phase::AwaitingModel && self.config.driver.model {
-            times.extend(self.state.model_retry_at);
-            times.extend(self.state.model_claim.as_ref().map(|c| c.until));
+            times.extend(wake_time(&self.state.model_attempt));
         }
         for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
-            if c.state.is_final() {
-                continue;
-            }
-            times.extend(c.deadline);
-            if !paused && self.runs_here(c) {
-                times.extend(c.retry_at);
-                times.extend(c.claim.as_ref().map(|c| c.until));
+            times.extend(c.deadline());
+            if !paused && self.config.driver.runs(c) {
+                times.extend(c.attempt().and_then(wake_time));
             }
         }
         times.into_iter().min()
@@ -570,11 +574,11 @@ impl Session {
         // another driver holds that falls to us when its claim expires.
         let mut own: Vec<Millis> = Vec::new();
         if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
-            own.extend(self.state.model_retry_at);
+            let model = &self.state.model_attempt;
+            own.extend(model.retry_at());
             own.extend(
-                self.state
-                    .model_claim
-                    .as_ref()
+                model
+                    .claim()
                     .filter(|c| self.blocked(c, now))
                     .map(|c| c.until),
             );
@@ -583,13 +587,10 @@ impl Session {
         deadlines.extend(self.config.limits.deadline);
         let mut in_flight_here = false;
         for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
-            if c.state.is_final() {
-                continue;
-            }
-            deadlines.extend(c.deadline);
-            if self.runs_here(c) {
-                own.extend(c.retry_at);
-                match &c.claim {
+            deadlines.extend(c.deadline());
+            if self.config.driver.runs(c) {
+                own.extend(c.retry_at());
+                match c.claim() {
                     Some(claim) if self.blocked(claim, now) => own.push(claim.until),
                     // Ours and under way elsewhere in this process (a
                     // background task, a Job): its end wakes us; the claim's
@@ -606,8 +607,8 @@ impl Session {
             .state
             .pending()
             .into_iter()
-            .filter(|c| !self.runs_here(c) || c.claim.is_some())
-            .filter_map(|c| c.token.clone())
+            .filter(|c| !self.config.driver.runs(c) || c.claim().is_some())
+            .filter_map(|c| c.token().cloned())
             .collect();
         if let Some(at) = own.iter().min().copied() {
             if !in_flight_here {
@@ -709,7 +710,7 @@ impl Session {
     pub fn is_current(&self, action: &Action) -> bool {
         let deferred_attempt = |token: &ContinuationToken, attempt: u32| {
             self.state.find_call(token).is_some_and(|c| {
-                c.state == CallState::Deferred && c.attempts == attempt && c.retry_at.is_none()
+                c.state() == CallState::Deferred && c.attempts == attempt && c.retry_at().is_none()
             })
         };
         match action {
@@ -721,7 +722,9 @@ impl Session {
                 .open
                 .iter()
                 .flat_map(|o| o.calls.iter())
-                .any(|c| c.id == *call && c.state == CallState::Running && c.retry_at.is_none()),
+                .any(|c| {
+                    c.id == *call && c.state() == CallState::Running && c.retry_at().is_none()
+                }),
             Action::RunInBackground { envelope, attempt } => {
                 deferred_attempt(&envelope.token, *attempt)
             }
@@ -757,7 +760,7 @@ impl Session {
             // or ours is still queued): the message joins the request as
             // its own user message.
             Phase::AwaitingModel
-                if self.state.model_claim.is_none()
+                if self.state.model_attempt.claim().is_none()
                     || self
                         .actions
                         .iter()
@@ -783,8 +786,7 @@ impl Session {
         }
         self.state.usage.add(turn.usage);
         self.state.model_attempts = 0;
-        self.state.model_retry_at = None;
-        self.state.model_claim = None;
+        self.state.model_attempt = Attempt::Unclaimed;
         let most = self
             .config
             .limits
@@ -868,12 +870,12 @@ impl Session {
         if self.state.phase != Phase::AwaitingModel {
             return;
         }
-        self.state.model_claim = None;
+        self.state.model_attempt = Attempt::Unclaimed;
         self.state.model_attempts += 1;
         if retryable && self.state.model_attempts <= self.config.model_retries {
             let backoff = retry_backoff_millis(self.state.model_attempts);
             let wait = retry_after_ms.map_or(backoff, |r| r.max(backoff));
-            self.state.model_retry_at = Some(now.plus_millis(wait).ceil_to_second());
+            self.state.model_attempt = Attempt::RetryAt(now.plus_millis(wait).ceil_to_second());
         } else {
             self.fail(format!(
                 "the model call failed after {} attempt(s): {error}",
@@ -891,8 +893,7 @@ impl Session {
         }
         self.state.failure = None;
         self.state.model_attempts = 0;
-        self.state.model_retry_at = None;
-        self.state.model_claim = None;
+        self.state.model_attempt = Attempt::Unclaimed;
         if self.state.open.is_some() {
             self.state.phase = Phase::RunningTools;
             self.settle(now);
@@ -919,15 +920,11 @@ impl Session {
         let secrets = self.config.context_has_secrets;
         let scope = self.cache_scope();
         let call = self
-            .open_call_mut(|c| c.id == id && c.state == CallState::Running)
+            .open_call_mut(|c| c.id == id && c.state() == CallState::Running)
             .ok_or(CoreError::UnknownCall { call: id })?;
-        call.claim = None;
         let mut store = None;
         if result.is_error() && !from_cache && call.attempts <= call.policy.decorators.retries {
-            call.retry_at = Some(
-                now.plus_millis(retry_backoff_millis(call.attempts))
-                    .ceil_to_second(),
-            );
+            call.schedule_retry(retry_time(call.attempts, now));
         } else {
             let result = truncate(result, Some(result_limit(call, scope.1)));
             if call.policy.decorators.cache && !from_cache && !result.is_error() {
@@ -972,30 +969,26 @@ impl Session {
     ) -> Result<WakeOutcome, CoreError> {
         let secrets = self.config.context_has_secrets;
         let scope = self.cache_scope();
-        let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
+        let Some(call) = self.open_call_mut(|c| c.token() == Some(token)) else {
             return Ok(WakeOutcome::Unknown);
         };
-        if call.state.is_final() || attempt != call.attempts {
+        if call.state().is_final() || attempt != call.attempts {
             // A stale attempt (a retry superseded it) or a finished call.
             return Ok(WakeOutcome::AlreadyCompleted);
         }
         let running_here = matches!(
-            call.waiting_for,
+            call.waiting_for(),
             Some(WaitingFor::Background | WaitingFor::Isolated)
         );
         if !running_here {
             return Err(CoreError::NotWaiting {
                 token: token.clone(),
-                state: call.state,
+                state: call.state(),
                 what: "a runner's result",
             });
         }
-        call.claim = None;
         if result.is_error() && call.attempts <= call.policy.decorators.retries {
-            call.retry_at = Some(
-                now.plus_millis(retry_backoff_millis(call.attempts))
-                    .ceil_to_second(),
-            );
+            call.schedule_retry(retry_time(call.attempts, now));
             return Ok(WakeOutcome::Applied);
         }
         let result = truncate(result, Some(result_limit(call, scope.1)));
@@ -1029,13 +1022,13 @@ impl Session {
         now: Millis,
     ) -> Result<WakeOutcome, CoreError> {
         let limit = self.config.max_result_bytes;
-        let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
+        let Some(call) = self.open_call_mut(|c| c.token() == Some(token)) else {
             return self.wake_closed(token, result);
         };
         let result = truncate(result, Some(result_limit(call, limit)));
-        match call.state {
+        match call.state() {
             // A result never pre-empts an approval.
-            CallState::Deferred if call.waiting_for == Some(WaitingFor::Approval) => {
+            CallState::Deferred if call.waiting_for() == Some(WaitingFor::Approval) => {
                 Err(CoreError::AwaitsApproval {
                     token: token.clone(),
                 })
@@ -1046,7 +1039,7 @@ impl Session {
                 Ok(WakeOutcome::Applied)
             }
             CallState::Completed | CallState::Failed => {
-                if call.result.as_ref() == Some(&result) {
+                if call.result() == Some(&result) {
                     Ok(WakeOutcome::AlreadyCompleted)
                 } else {
                     Err(CoreError::ConflictingResult {
@@ -1102,13 +1095,13 @@ impl Session {
         (approved, by, reason, arguments): (bool, String, Option<String>, Option<String>),
         now: Millis,
     ) -> Result<WakeOutcome, CoreError> {
-        let Some(call) = self.open_call_mut(|c| c.token.as_ref() == Some(token)) else {
+        let Some(call) = self.open_call_mut(|c| c.token() == Some(token)) else {
             return Ok(match self.closed_entry(token) {
                 Some(_) => WakeOutcome::AlreadyCompleted,
                 None => WakeOutcome::Unknown,
             });
         };
-        if let Some(previous) = &call.approval {
+        if let Some(previous) = call.approval() {
             return if previous.approved == approved {
                 Ok(WakeOutcome::AlreadyCompleted)
             } else {
@@ -1122,13 +1115,13 @@ impl Session {
                 })
             };
         }
-        if call.state != CallState::Deferred || call.waiting_for != Some(WaitingFor::Approval) {
-            if call.state.is_final() {
+        if call.waiting_for() != Some(WaitingFor::Approval) {
+            if call.state().is_final() {
                 return Ok(WakeOutcome::AlreadyCompleted);
             }
             return Err(CoreError::NotWaiting {
                 token: token.clone(),
-                state: call.state,
+                state: call.state(),
                 what: "an approval",
             });
         }
@@ -1152,20 +1145,12 @@ impl Session {
             self.settle(now);
             return Ok(WakeOutcome::Applied);
         }
-        let denied = super::acceptance::denial(&by, reason.as_deref());
-        call.approval = Some(Approval {
-            approved,
-            by: by.clone(),
-            reason,
-            arguments: arguments.filter(|_| approved),
-        });
-        call.deadline = None;
         if approved {
-            call.transition(CallState::Ready)?;
+            call.approve(by, reason, arguments)?;
             self.dispatch(now);
         } else {
-            let result = denied;
-            call.finish(CallState::Completed, result.clone(), &by)?;
+            let result = super::acceptance::denial(&by, reason.as_deref());
+            call.deny(by.clone(), reason, result.clone())?;
             self.push_result(Action::RecordResult {
                 token: token.clone(),
                 result,
@@ -1181,14 +1166,11 @@ impl Session {
     fn on_pause(&mut self) {
         self.state.paused = true;
         self.actions.retain(|a| !a.starts_work());
-        let me = self.config.driver.holder.clone();
-        let mine = |c: &Option<Claim>| c.as_ref().is_some_and(|c| c.holder == me);
-        if mine(&self.state.model_claim) {
-            self.state.model_claim = None;
-        }
-        if let Some(open) = self.state.open.as_mut() {
-            for call in open.calls.iter_mut().filter(|c| mine(&c.claim)) {
-                call.claim = None;
+        let me = &self.config.driver.holder;
+        self.state.model_attempt.release(me);
+        for call in self.state.open.iter_mut().flat_map(|o| o.calls.iter_mut()) {
+            if let Some(attempt) = call.attempt_mut() {
+                attempt.release(me);
             }
         }
     }
@@ -1207,40 +1189,13 @@ impl Session {
             self.fail(failure);
             return;
         }
-        let mut actions = Vec::new();
-        if let Some(open) = self.state.open.as_mut() {
-            for call in open.calls.iter_mut() {
-                if call.state.is_final() {
-                    continue;
-                }
-                if call.deadline.is_some_and(|d| now >= d) {
-                    let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);
-                    let what = match call.waiting_for {
-                        Some(WaitingFor::Approval) => "an approval",
-                        Some(WaitingFor::External) => "an outside result",
-                        _ => "the tool",
-                    };
-                    let result =
-                        ToolResult::error(format!("timed out after {secs}s waiting for {what}"));
-                    let to = match (call.state, call.waiting_for) {
-                        (CallState::Running, _)
-                        | (_, Some(WaitingFor::Background | WaitingFor::Isolated)) => {
-                            CallState::Failed
-                        }
-                        _ => CallState::Completed,
-                    };
-                    if call.finish(to, result.clone(), "agents").is_ok() {
-                        if let Some(token) = call.token.clone() {
-                            actions.push(Action::RecordResult {
-                                token,
-                                result,
-                                by: "agents".into(),
-                            });
-                        }
-                    }
-                }
-            }
-        }
+        let actions: Vec<Action> = self
+            .state
+            .open
+            .iter_mut()
+            .flat_map(|o| o.calls.iter_mut())
+            .filter_map(|call| time_out(call, now))
+            .collect();
         for a in actions {
             self.push_result(a);
         }
@@ -1256,9 +1211,8 @@ impl Session {
         let mut approved = false;
         let open = self.state.open.as_mut()?;
         for call in open.calls.iter_mut() {
-            let waiting = call.state == CallState::Deferred
-                && call.waiting_for == Some(WaitingFor::Approval)
-                && call.deadline.is_some_and(|d| now >= d);
+            let waiting = call.waiting_for() == Some(WaitingFor::Approval)
+                && call.deadline().is_some_and(|d| now >= d);
             let Some(policy) = call.policy.decorators.approval_policy.clone() else {
                 continue;
             };
@@ -1278,14 +1232,7 @@ impl Session {
                     ))
                 }
                 OnTimeout::Approve => {
-                    call.approval = Some(Approval {
-                        approved: true,
-                        by: ENGINE_BY.into(),
-                        reason: Some(why),
-                        arguments: None,
-                    });
-                    call.deadline = None;
-                    approved |= call.transition(CallState::Ready).is_ok();
+                    approved |= call.approve(ENGINE_BY.into(), Some(why), None).is_ok();
                 }
                 OnTimeout::Deny => {
                     let result = super::acceptance::denial(ENGINE_BY, Some(&why));
@@ -1293,7 +1240,7 @@ impl Session {
                         .finish(CallState::Completed, result.clone(), ENGINE_BY)
                         .is_ok()
                     {
-                        denials.extend(call.token.clone().map(|token| Action::RecordResult {
+                        denials.extend(call.token().cloned().map(|token| Action::RecordResult {
                             token,
                             result,
                             by: ENGINE_BY.into(),
@@ -1320,10 +1267,10 @@ impl Session {
             .open
             .iter_mut()
             .flat_map(|o| o.calls.iter_mut())
-            .filter(|c| c.state == CallState::Ready);
+            .filter(|c| c.state() == CallState::Ready);
         for call in ready {
             let token = ContinuationToken::for_call(&self.state.id, call.id);
-            let needs_approval = call.policy.decorators.approval && call.approval.is_none();
+            let needs_approval = call.policy.decorators.approval && call.approval().is_none();
             let timeout = match &call.policy.decorators.approval_policy {
                 Some(p) if needs_approval && p.timeout_seconds.is_some() => p.timeout_seconds,
                 _ => call.policy.decorators.timeout_seconds,
@@ -1340,22 +1287,10 @@ impl Session {
                 }
             };
             match waiting {
-                None => {
-                    call.transition(CallState::Running)
-                        .expect("ready calls may start");
-                    call.attempts += 1;
-                    call.deadline = None;
-                }
-                Some(w) => {
-                    call.transition(CallState::Deferred)
-                        .expect("ready calls may defer");
-                    call.token = Some(token);
-                    call.waiting_for = Some(w);
-                    call.deadline = deadline;
-                    if matches!(w, WaitingFor::Background | WaitingFor::Isolated) {
-                        call.attempts += 1;
-                    }
-                }
+                None => call.start().expect("ready calls may start"),
+                Some(w) => call
+                    .defer(token, w, deadline)
+                    .expect("ready calls may defer"),
             }
         }
         self.start_due(now, true);
@@ -1389,48 +1324,32 @@ impl Session {
     /// The open calls' continuations (when `ensure`) and the starts this
     /// driver may make, with their claims taken; and whether any starts.
     fn plan_calls(&mut self, now: Millis, ensure: bool) -> (Vec<Action>, bool) {
-        let role = self.config.driver.clone();
-        let default_secs = self.config.default_tool_timeout_secs;
         let (mut planned, mut starts) = (Vec::new(), false);
-        let id = self.state.id.clone();
-        let config = self.config.clone();
+        let id = &self.state.id;
+        let config = &self.config;
         let Some(open) = self.state.open.as_mut() else {
             return (planned, starts);
         };
         for call in open.calls.iter_mut() {
-            if call.state.is_final() || call.state == CallState::Ready {
-                continue;
+            if call.state() == CallState::Deferred && ensure {
+                planned.extend(ensure_action(id, config, call));
             }
-            let may_run = match (call.state, call.waiting_for) {
-                (CallState::Running, _) => role.model,
-                (_, Some(WaitingFor::Background)) => role.background,
-                (_, Some(WaitingFor::Isolated)) => role.isolated,
-                _ => false,
-            };
-            if call.state == CallState::Deferred && ensure {
-                planned.extend(ensure_action(&id, &config, call));
-            }
-            let due = call.retry_at.is_none_or(|t| now >= t);
-            let Some(live_own) = claimable(call.claim.as_ref(), &role, due, ensure, now) else {
+            let secs = call
+                .policy
+                .decorators
+                .timeout_seconds
+                .unwrap_or(config.default_tool_timeout_secs);
+            let may_run = config.driver.runs(call);
+            let Some(attempt) = call.attempt_mut().filter(|_| may_run) else {
                 continue;
             };
-            if !may_run {
+            let Some(taken) = take_attempt(attempt, &config.driver, secs, ensure, now) else {
                 continue;
-            }
-            let retry = call.retry_at.is_some();
-            if retry {
-                call.retry_at = None;
+            };
+            if taken.retry {
                 call.attempts += 1;
             }
-            if retry || !live_own {
-                let secs = call
-                    .policy
-                    .decorators
-                    .timeout_seconds
-                    .unwrap_or(default_secs);
-                call.claim = Some(new_claim(&role.holder, secs, now));
-            }
-            let run = run_action(&id, &config, call);
+            let run = run_action(id, config, call);
             starts |= !run.is_empty();
             planned.extend(run);
         }
@@ -1445,7 +1364,11 @@ impl Session {
             .open
             .iter()
             .flat_map(|o| o.calls.iter())
-            .filter(|c| c.state == CallState::Deferred && c.retry_at.is_none() && self.runs_here(c))
+            .filter(|c| {
+                c.state() == CallState::Deferred
+                    && c.retry_at().is_none()
+                    && self.config.driver.runs(c)
+            })
             .flat_map(|c| run_action(&self.state.id, &self.config, c))
             .filter_map(|a| match a {
                 Action::RunInBackground { envelope, attempt } => Some(Action::Collect {
@@ -1476,17 +1399,16 @@ impl Session {
         if self.state.phase != Phase::AwaitingModel || !role.model {
             return None;
         }
+        // A call already queued is under way: never two.
         let queued = self
             .actions
             .iter()
             .any(|a| matches!(a, Action::CallModel { .. }));
-        let due = self.state.model_retry_at.is_none_or(|t| now >= t) && !queued;
-        let live_own = claimable(self.state.model_claim.as_ref(), role, due, ensure, now)?;
-        self.state.model_retry_at = None;
-        if !live_own {
-            let claim = new_claim(&role.holder, self.config.model_timeout_secs, now);
-            self.state.model_claim = Some(claim);
+        if queued {
+            return None;
         }
+        let secs = self.config.model_timeout_secs;
+        take_attempt(&mut self.state.model_attempt, role, secs, ensure, now)?;
         Some(Action::CallModel {
             turn: self.state.agent_turns + 1,
         })
@@ -1527,23 +1449,9 @@ impl Session {
         let Some(open) = self.state.open.as_ref() else {
             return;
         };
-        if open.calls.iter().all(|c| c.state.is_final()) {
+        if open.calls.iter().all(|c| c.state().is_final()) {
             let open = self.state.open.take().expect("checked");
-            let tool_results = open
-                .calls
-                .into_iter()
-                .map(|c| ToolResultEntry {
-                    call_id: c.id,
-                    model_call_id: c.call.model_call_id,
-                    tool: c.call.name,
-                    token: c.token,
-                    result: with_edit_note(
-                        c.result.expect("final calls hold a result"),
-                        c.approval.as_ref(),
-                    ),
-                    truncate_bytes: c.policy.decorators.truncate_bytes,
-                })
-                .collect();
+            let tool_results = open.calls.into_iter().map(result_entry).collect();
             self.state.turns.push(Turn::User(UserTurn {
                 message: None,
                 tool_results,
@@ -1561,7 +1469,7 @@ impl Session {
         let busy = open
             .calls
             .iter()
-            .any(|c| matches!(c.state, CallState::Ready | CallState::Running));
+            .any(|c| matches!(c.state(), CallState::Ready | CallState::Running));
         let before = self.state.phase;
         if before.is_final() {
             return;
@@ -1573,18 +1481,6 @@ impl Session {
         };
         if self.state.phase == Phase::Waiting && before != Phase::Waiting {
             self.push_yield();
-        }
-    }
-
-    /// True when this driver runs `call` itself (it does not wait on the
-    /// outside for it).
-    fn runs_here(&self, call: &TrackedToolCall) -> bool {
-        let role = &self.config.driver;
-        match (call.state, call.waiting_for) {
-            (CallState::Running, _) => role.model,
-            (CallState::Deferred, Some(WaitingFor::Background)) => role.background,
-            (CallState::Deferred, Some(WaitingFor::Isolated)) => role.isolated,
-            _ => false,
         }
     }
 
@@ -1601,7 +1497,7 @@ impl Session {
             .state
             .pending()
             .into_iter()
-            .filter_map(|c| c.token.clone())
+            .filter_map(|c| c.token().cloned())
             .collect();
         self.push(Action::Checkpoint);
         self.push(Action::Yield { pending });
@@ -1696,7 +1592,7 @@ fn ensure_action(
     config: &SessionConfig,
     call: &TrackedToolCall,
 ) -> Option<Action> {
-    let (Some(token), Some(waiting_for)) = (call.token.clone(), call.waiting_for) else {
+    let (Some(token), Some(waiting_for)) = (call.token().cloned(), call.waiting_for()) else {
         return None;
     };
     let reason = match (&call.policy.disposition, waiting_for) {
@@ -1715,7 +1611,7 @@ fn ensure_action(
         reason,
         context,
         cache_key: cache_key_for(config, call),
-        expires_at: call.deadline,
+        expires_at: call.deadline(),
     }))
 }
 
@@ -1735,8 +1631,8 @@ fn cache_key_for(config: &SessionConfig, call: &TrackedToolCall) -> Option<Cache
 fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCall) -> Vec<Action> {
     let cache = cache_key_for(config, call);
     let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
-    match call.state {
-        CallState::Running => vec![Action::RunTool {
+    match call.stage() {
+        CallStage::Running(_) => vec![Action::RunTool {
             call: call.id,
             tool_call: call.effective_call(),
             idempotency_key: context.idempotency_key.clone(),
@@ -1749,18 +1645,18 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
             cache_key: cache,
             attempt: call.attempts,
         }],
-        CallState::Deferred => {
-            let Some(token) = call.token.clone() else {
+        CallStage::Deferred { wait, .. } => {
+            let Some(token) = call.token().cloned() else {
                 return Vec::new();
             };
             let envelope =
                 CallEnvelope::new(token, call.effective_call(), context, call.policy.clone());
-            match (call.waiting_for, &call.policy.disposition) {
-                (Some(WaitingFor::Background), _) => vec![Action::RunInBackground {
+            match (wait, &call.policy.disposition) {
+                (Wait::Background(_), _) => vec![Action::RunInBackground {
                     envelope,
                     attempt: call.attempts,
                 }],
-                (Some(WaitingFor::Isolated), Disposition::RunIsolated { spec }) => {
+                (Wait::Isolated(_), Disposition::RunIsolated { spec }) => {
                     vec![Action::LaunchIsolated {
                         envelope,
                         spec: spec.clone(),
@@ -1774,6 +1670,37 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
     }
 }
 
+/// Ends a deferred call whose wait passed its deadline, and returns the
+/// result write for its continuation. Only a wait has a deadline: a
+/// running tool is stopped by its own timeout.
+fn time_out(call: &mut TrackedToolCall, now: Millis) -> Option<Action> {
+    let CallStage::Deferred {
+        wait,
+        deadline: Some(deadline),
+    } = call.stage()
+    else {
+        return None;
+    };
+    if now < *deadline {
+        return None;
+    }
+    // A run of ours that outlived its time failed; a wait on a person or
+    // an outside party completes, and the model is told.
+    let (what, to) = match wait {
+        Wait::Approval => ("an approval", CallState::Completed),
+        Wait::External => ("an outside result", CallState::Completed),
+        Wait::Background(_) | Wait::Isolated(_) => ("the tool", CallState::Failed),
+    };
+    let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);
+    let result = ToolResult::error(format!("timed out after {secs}s waiting for {what}"));
+    call.finish(to, result.clone(), "agents").ok()?;
+    Some(Action::RecordResult {
+        token: call.token()?.clone(),
+        result,
+        by: "agents".into(),
+    })
+}
+
 /// The most bytes a call's result may keep: its `truncate` decorator
 /// within the agent's limit.
 fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
@@ -1783,12 +1710,6 @@ fn result_limit(call: &TrackedToolCall, agent_limit: usize) -> usize {
         .map_or(agent_limit, |t| t.min(agent_limit))
 }
 
-/// The claim rule, written once for calls and the model turn. Work that
-/// is `due` starts unless someone alive holds it; a tick restarts only
-/// work nobody holds, while a restore or a new dispatch (`ensure`)
-/// re-issues our own starts too (runners adopt what is under way).
-/// `Some(live_own)` when it starts: our own live claim then stands as it
-/// is, so re-issuing work under way writes nothing.
 /// An approver's edit is allowed by the call's policy and is a JSON object.
 /// The result the model hears for a call an approver edited: what ran, then
 /// what came back.
@@ -1805,19 +1726,71 @@ fn with_edit_note(result: ToolResult, approval: Option<&Approval>) -> ToolResult
     }
 }
 
-fn claimable(
-    claim: Option<&Claim>,
+/// What taking an attempt did: `retry` when a failed attempt comes round.
+struct Taken {
+    retry: bool,
+}
+
+/// The claim rule, written once for tool calls and the model call. Work
+/// that is due starts unless someone alive holds it; a tick restarts only
+/// work nobody holds, while a restore or a new dispatch (`ensure`)
+/// re-issues our own starts too (runners adopt what is under way). A start
+/// takes a claim for `secs`, except that our own live claim stands as it
+/// is, so re-issuing work under way writes nothing.
+fn take_attempt(
+    attempt: &mut Attempt,
     role: &DriverRole,
-    due: bool,
+    secs: u64,
     ensure: bool,
     now: Millis,
-) -> Option<bool> {
-    let blocked = claim.is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
+) -> Option<Taken> {
+    let claim = match attempt {
+        Attempt::RetryAt(at) if now < *at => return None,
+        Attempt::RetryAt(_) | Attempt::Unclaimed => None,
+        Attempt::Claimed(c) => Some(&*c),
+    };
     let ours = claim.is_some_and(|c| c.holder == role.holder);
-    if !due || blocked || (!ensure && ours) {
+    let blocked = claim.is_some_and(|c| c.blocks(&role.holder, &role.dead_holders, now));
+    if blocked || (!ensure && ours) {
         return None;
     }
-    Some(ours && claim.is_some_and(|c| c.until > now))
+    let live_own = ours && claim.is_some_and(|c| c.until > now);
+    let retry = matches!(attempt, Attempt::RetryAt(_));
+    if !live_own {
+        *attempt = Attempt::Claimed(new_claim(&role.holder, secs, now));
+    }
+    Some(Taken { retry })
+}
+
+/// When a driver must look at an attempt again: its retry, or the expiry
+/// of its claim.
+fn wake_time(attempt: &Attempt) -> Option<Millis> {
+    attempt
+        .retry_at()
+        .or_else(|| attempt.claim().map(|c| c.until))
+}
+
+/// When the attempt that failed as attempt number `attempts` is retried.
+fn retry_time(attempts: u32, now: Millis) -> Millis {
+    now.plus_millis(retry_backoff_millis(attempts))
+        .ceil_to_second()
+}
+
+/// A closed call as the user turn records it.
+fn result_entry(c: TrackedToolCall) -> ToolResultEntry {
+    let note_on = c.approval().cloned();
+    let token = c.token().cloned();
+    let truncate_bytes = c.policy.decorators.truncate_bytes;
+    let (call_id, call) = (c.id, c.call.clone());
+    let outcome = c.into_outcome().expect("final calls hold a result");
+    ToolResultEntry {
+        call_id,
+        model_call_id: call.model_call_id,
+        tool: call.name,
+        token,
+        result: with_edit_note(outcome.result, note_on.as_ref()),
+        truncate_bytes,
+    }
 }
 
 /// A claim by `holder` for work that may take `secs`, with a grace, in

@@ -157,7 +157,7 @@ impl Progress {
                     disposition: tracked
                         .map(|tc| {
                             // Refused before running: unknown tool, bad arguments.
-                            if let Some(ToolResult::Error { message }) = &tc.result {
+                            if let Some(ToolResult::Error { message }) = tc.result() {
                                 return format!("refused, the model is told: {message}");
                             }
                             let mut d = tc.policy.disposition.name().to_string();

@@ -208,7 +208,7 @@ pub fn preview_state(
         .state()
         .pending()
         .into_iter()
-        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
         .collect();
     for (token, waiting) in deferred {
         if let Some(rec) = continuations.iter().find(|r| r.token() == &token) {
@@ -228,12 +228,13 @@ fn session_ref(record: &SessionRecord) -> SessionRef {
 
 fn claim_holders(state: &SessionState) -> Vec<&str> {
     let mut out: Vec<&str> = state
-        .model_claim
+        .model_attempt
+        .claim()
         .iter()
         .map(|c| c.holder.as_str())
         .collect();
     for c in state.open.iter().flat_map(|o| o.calls.iter()) {
-        out.extend(c.claim.iter().map(|c| c.holder.as_str()));
+        out.extend(c.claim().map(|c| c.holder.as_str()));
     }
     out
 }
@@ -343,7 +344,7 @@ async fn step_once(
     roles: Roles,
     replay: &mut Vec<Event>,
 ) -> Result<StepReport, EngineError> {
-    let loaded = load_checked(p, id).await?;
+    let loaded = load_existing(p, id).await?;
     let record = loaded.value;
     let owner = session_ref(&record);
     let sid = id.0.clone();
@@ -353,7 +354,7 @@ async fn step_once(
         .state
         .pending()
         .into_iter()
-        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
         .collect();
     let config = driven_config(agent, holder, roles, &record);
     let mut session = Session::restore_quiet(record.state.clone(), config);
@@ -396,8 +397,9 @@ async fn step_once(
     }
 }
 
-/// The stored session, refused when its state breaks the core's invariants.
-async fn load_checked(
+/// The stored session. A state that breaks the core's invariants never
+/// gets here: the store refuses it while loading (`core::call::flat`).
+async fn load_existing(
     p: &Ports<'_>,
     id: &SessionId,
 ) -> Result<Versioned<SessionRecord>, EngineError> {
@@ -406,14 +408,6 @@ async fn load_checked(
         .load(id)
         .await?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    loaded
-        .value
-        .state
-        .check()
-        .map_err(|why| StoreError::Corrupt {
-            what: format!("session {id}"),
-            why,
-        })?;
     Ok(loaded)
 }
 
@@ -532,8 +526,8 @@ async fn absorb(
         .open
         .iter()
         .flat_map(|o| o.calls.iter())
-        .filter(|c| c.state == CallState::Deferred)
-        .filter_map(|c| c.token.clone().map(|t| (t, c.waiting_for)))
+        .filter(|c| c.state() == CallState::Deferred)
+        .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
         .collect();
     if open.is_empty() {
         return Ok(false);
@@ -584,7 +578,7 @@ fn apply_record(
         }
     }
     let still_deferred = session.state().find_call(&token).is_some_and(|c| {
-        c.state == CallState::Deferred && c.waiting_for != Some(WaitingFor::Approval)
+        c.state() == CallState::Deferred && c.waiting_for() != Some(WaitingFor::Approval)
     });
     if let (Some(result), true) = (&rec.result, still_deferred) {
         let by = rec.completed_by.clone().unwrap_or_default();
@@ -845,8 +839,8 @@ async fn ensure_continuation(
     let settled = session
         .state()
         .find_call(&spec.token)
-        .filter(|c| c.state.is_final())
-        .and_then(|c| Some((c.result.clone()?, c.completed_by.clone())));
+        .filter(|c| c.state().is_final())
+        .and_then(|c| Some((c.result()?.clone(), c.completed_by().map(str::to_string))));
     if let (Some((result, by)), None) = (settled, &record.result) {
         // The call ended before its continuation existed (a crash
         // between the two writes): give the continuation its result.
@@ -1004,7 +998,7 @@ fn note_retry(
     let (Some(why), Some(call)) = (failed, session.state().find_call(token)) else {
         return;
     };
-    if let Some(at) = call.retry_at {
+    if let Some(at) = call.retry_at() {
         let secs = (at.0 - p.clock.now().0).max(0) as f64 / 1000.0;
         p.observer.observe(&Progress::Note {
             session: sid.to_string(),

@@ -114,8 +114,8 @@ impl Background {
         let waiting: HashSet<&str> = state
             .pending()
             .into_iter()
-            .filter(|c| c.waiting_for == Some(WaitingFor::Background))
-            .filter_map(|c| c.token.as_ref().map(|t| t.0.as_str()))
+            .filter(|c| c.waiting_for() == Some(WaitingFor::Background))
+            .filter_map(|c| c.token().map(|t| t.0.as_str()))
             .collect();
         self.runs.lock().expect("runs lock").retain(|k, run| {
             k.uid != uid || matches!(run, Run::InFlight(_)) || waiting.contains(k.token.as_str())

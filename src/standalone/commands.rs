@@ -335,10 +335,10 @@ fn print_conversation(state: &SessionState) {
         }
     }
     for c in state.open.iter().flat_map(|o| o.calls.iter()) {
-        let what = match (&c.result, c.waiting_for) {
+        let what = match (c.result(), c.waiting_for()) {
             (Some(r), _) => format!("done: {}", r.to_model_text().replace('\n', " ⏎ ")),
             (None, Some(w)) => format!("waits for {}", waiting_for_text(w)),
-            (None, None) => format!("{:?}", c.state),
+            (None, None) => format!("{:?}", c.state()),
         };
         out::line(&format!(
             "  open {} {} [{}] {what}",

@@ -241,12 +241,12 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
     state
         .pending()
         .into_iter()
-        .filter(|c| !(roles.isolated && c.waiting_for == Some(WaitingFor::Isolated)))
+        .filter(|c| !(roles.isolated && c.waiting_for() == Some(WaitingFor::Isolated)))
         .filter_map(|c| {
-            let token = c.token.clone()?;
+            let token = c.token().cloned()?;
             // Names are checked, but a printed command is always quoted.
             let (token_q, sid_q) = (shell_quote(&token.0), shell_quote(&sid.0));
-            let command = match (c.waiting_for, &c.policy.disposition) {
+            let command = match (c.waiting_for(), &c.policy.disposition) {
                 (Some(WaitingFor::Approval), _) => format!(
                     "agents session approve {token_q}{flag}   (or: agents session deny {token_q} --reason ...{flag})"
                 ),
@@ -259,7 +259,7 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 token: token.0,
                 call: c.id.to_string(),
                 tool: c.call.name.clone(),
-                waiting_for: c.waiting_for,
+                waiting_for: c.waiting_for(),
                 reason: match &c.policy.disposition {
                     Disposition::Defer { reason } => Some(reason.clone()),
                     _ => None,

@@ -405,7 +405,7 @@ fn pending_count(state: &SessionState) -> i64 {
         .open
         .iter()
         .flat_map(|o| o.calls.iter())
-        .filter(|c| c.state == CallState::Deferred)
+        .filter(|c| c.state() == CallState::Deferred)
         .count() as i64
 }
 
@@ -856,6 +856,36 @@ mod tests {
         // Reopening applies no migration twice and keeps the data.
         let again = SqliteStore::open(&path).unwrap();
         assert!(again.load_session(&state.id).await.unwrap().is_some());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn a_stored_call_no_event_can_produce_is_refused_on_load() {
+        let path = temp_db("impossible");
+        let store = SqliteStore::open(&path).unwrap();
+        let (state, _) = waiting_session();
+        store.create_session(record(state.clone())).await.unwrap();
+        // A hand edit: the deferred call now says Completed, with no result.
+        let mut edited = serde_json::to_value(record(state.clone())).unwrap();
+        let call = &mut edited["state"]["open"]["calls"][0];
+        call["state"] = "Completed".into();
+        for key in ["waitingFor", "deadline"] {
+            call.as_object_mut().unwrap().remove(key);
+        }
+        store
+            .with(|c| {
+                c.execute(
+                    "UPDATE sessions SET record = ?1 WHERE id = ?2",
+                    params![edited.to_string(), state.id.0],
+                )
+            })
+            .unwrap();
+        let err = store.load_session(&state.id).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("tool call t1-c0 (ask) is final but holds no result"),
+            "{err}"
+        );
         let _ = std::fs::remove_file(&path);
     }
 
