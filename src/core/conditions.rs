@@ -71,6 +71,8 @@ impl Condition {
 /// The session's conditions as its state implies them.
 pub fn of(state: &SessionState) -> Vec<Condition> {
     use Status::*;
+    let failure = || state.failure.clone().unwrap_or_default();
+    let in_progress = |why: &str| Condition::new("Succeeded", Unknown, "InProgress", why);
     let succeeded = match state.phase {
         Phase::Succeeded => Condition::new(
             "Succeeded",
@@ -78,76 +80,18 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
             "Answered",
             "the model gave its final answer",
         ),
-        Phase::Failed => Condition::new(
-            "Succeeded",
-            False,
-            "Failed",
-            state.failure.clone().unwrap_or_default(),
-        ),
-        Phase::Idle => Condition::new("Succeeded", Unknown, "InProgress", "no user message yet"),
-        Phase::AwaitingModel => Condition::new(
-            "Succeeded",
-            Unknown,
-            "InProgress",
-            "the model is being asked",
-        ),
-        Phase::RunningTools => {
-            Condition::new("Succeeded", Unknown, "InProgress", "tool calls are running")
-        }
-        Phase::Waiting => Condition::new(
-            "Succeeded",
-            Unknown,
-            "InProgress",
-            "calls wait on the outside",
-        ),
+        Phase::Failed => Condition::new("Succeeded", False, "Failed", failure()),
+        Phase::Idle => in_progress("no user message yet"),
+        Phase::AwaitingModel => in_progress("the model is being asked"),
+        Phase::RunningTools => in_progress("tool calls are running"),
+        Phase::Waiting => in_progress("calls wait on the outside"),
     };
     let failed = match state.phase {
-        Phase::Failed => Condition::new(
-            "Failed",
-            True,
-            "Failed",
-            state.failure.clone().unwrap_or_default(),
-        ),
+        Phase::Failed => Condition::new("Failed", True, "Failed", failure()),
         _ => Condition::new("Failed", False, "NotFailed", ""),
     };
     let waiting = if state.phase == Phase::Waiting {
-        let pending = state.pending();
-        // The reason names what most needs a person: approvals first.
-        let order = [
-            (WaitingFor::Approval, "AwaitingApproval"),
-            (WaitingFor::External, "AwaitingExternal"),
-            (WaitingFor::Isolated, "AwaitingJob"),
-            (WaitingFor::Background, "AwaitingBackground"),
-        ];
-        let reason = order
-            .iter()
-            .find(|(w, _)| pending.iter().any(|c| c.waiting_for() == Some(*w)))
-            .map(|(_, r)| *r)
-            .unwrap_or("AwaitingExternal");
-        let tokens: Vec<String> = pending
-            .iter()
-            .filter_map(|c| {
-                c.token().map(|t| {
-                    format!(
-                        "{t} ({}, {})",
-                        c.call.name,
-                        match c.waiting_for() {
-                            Some(WaitingFor::Approval) => "approval",
-                            Some(WaitingFor::External) => "outside result",
-                            Some(WaitingFor::Isolated) => "isolated run",
-                            Some(WaitingFor::Background) => "background run",
-                            None => "?",
-                        }
-                    )
-                })
-            })
-            .collect();
-        Condition::new(
-            "Waiting",
-            True,
-            reason,
-            format!("{} call(s) wait: {}", tokens.len(), tokens.join(", ")),
-        )
+        waiting(state)
     } else {
         Condition::new("Waiting", False, "NotWaiting", "")
     };
@@ -162,6 +106,42 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
         Condition::new("Paused", False, "NotPaused", "")
     };
     vec![succeeded, failed, waiting, paused]
+}
+
+/// `Waiting=True`, its reason naming what most needs a person (approvals
+/// first), its message every waiting call's token.
+fn waiting(state: &SessionState) -> Condition {
+    let pending = state.pending();
+    let order = [
+        (WaitingFor::Approval, "AwaitingApproval"),
+        (WaitingFor::External, "AwaitingExternal"),
+        (WaitingFor::Isolated, "AwaitingJob"),
+        (WaitingFor::Background, "AwaitingBackground"),
+    ];
+    let reason = order
+        .iter()
+        .find(|(w, _)| pending.iter().any(|c| c.waiting_for() == Some(*w)))
+        .map(|(_, r)| *r)
+        .unwrap_or("AwaitingExternal");
+    let tokens: Vec<String> = pending
+        .iter()
+        .filter_map(|c| {
+            let what = match c.waiting_for() {
+                Some(WaitingFor::Approval) => "approval",
+                Some(WaitingFor::External) => "outside result",
+                Some(WaitingFor::Isolated) => "isolated run",
+                Some(WaitingFor::Background) => "background run",
+                None => "?",
+            };
+            c.token().map(|t| format!("{t} ({}, {what})", c.call.name))
+        })
+        .collect();
+    Condition::new(
+        "Waiting",
+        Status::True,
+        reason,
+        format!("{} call(s) wait: {}", tokens.len(), tokens.join(", ")),
+    )
 }
 
 /// Stamps `next` with `generation` and a transition time: kept from

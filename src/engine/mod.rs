@@ -642,26 +642,16 @@ async fn perform(
         tool @ Action::RunTool { .. } => run_tool(p, sid, session, tool, replay).await?,
         Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
         Action::RunInBackground { envelope, attempt } => {
-            let timeout = attempt_timeout(session, &envelope);
-            let status = p
-                .runner
-                .start(RunKind::Background, &envelope, attempt, timeout)
-                .await;
-            let by = p.runner.label(RunKind::Background);
-            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
+            let run = Run::start(&envelope, attempt, RunKind::Background);
+            run_attempt(p, sid, session, run, replay).await
         }
         Action::LaunchIsolated {
             envelope,
             spec,
             attempt,
         } => {
-            let timeout = attempt_timeout(session, &envelope);
-            let status = p
-                .runner
-                .start(RunKind::Isolated(&spec), &envelope, attempt, timeout)
-                .await;
-            let by = p.runner.label(RunKind::Isolated(&spec));
-            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
+            let run = Run::start(&envelope, attempt, RunKind::Isolated(&spec));
+            run_attempt(p, sid, session, run, replay).await
         }
         Action::Collect {
             envelope,
@@ -672,9 +662,11 @@ async fn perform(
                 Some(spec) => RunKind::Isolated(spec),
                 None => RunKind::Background,
             };
-            let status = p.runner.collect(kind, &envelope, attempt).await;
-            let by = p.runner.label(kind);
-            finish_attempt(p, session, &envelope, attempt, status, by, sid, replay);
+            let run = Run {
+                collect_only: true,
+                ..Run::start(&envelope, attempt, kind)
+            };
+            run_attempt(p, sid, session, run, replay).await
         }
         Action::RecordResult { token, result, by } => {
             // Known at the step's start: the turn may have closed since.
@@ -952,6 +944,55 @@ fn attempt_timeout(session: &Session, envelope: &crate::core::envelope::CallEnve
             .timeout_seconds
             .unwrap_or(default),
     )
+}
+
+/// One attempt handed to the runner.
+struct Run<'a> {
+    envelope: &'a crate::core::envelope::CallEnvelope,
+    attempt: u32,
+    kind: RunKind<'a>,
+    /// Only look at what runs or ran (while paused): start nothing.
+    collect_only: bool,
+}
+
+impl<'a> Run<'a> {
+    fn start(
+        envelope: &'a crate::core::envelope::CallEnvelope,
+        attempt: u32,
+        kind: RunKind<'a>,
+    ) -> Self {
+        Run {
+            envelope,
+            attempt,
+            kind,
+            collect_only: false,
+        }
+    }
+}
+
+/// Starts (or collects) one attempt and feeds a finished one's result to
+/// the core.
+async fn run_attempt(
+    p: &Ports<'_>,
+    sid: &str,
+    session: &mut Session,
+    run: Run<'_>,
+    replay: &mut Vec<Event>,
+) {
+    let Run {
+        envelope,
+        attempt,
+        kind,
+        collect_only,
+    } = run;
+    let status = if collect_only {
+        p.runner.collect(kind, envelope, attempt).await
+    } else {
+        let timeout = attempt_timeout(session, envelope);
+        p.runner.start(kind, envelope, attempt, timeout).await
+    };
+    let by = p.runner.label(kind);
+    finish_attempt(p, session, envelope, attempt, status, by, sid, replay);
 }
 
 #[allow(clippy::too_many_arguments)]
