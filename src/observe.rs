@@ -22,6 +22,7 @@
 //! | `agents_tool_calls_total` | counter | `disposition`, `outcome` = `completed` \| `failed` \| `deferred` |
 //! | `agents_model_calls_total` | counter | `outcome` = `ok` \| `error` |
 //! | `agents_wake_latency_seconds` | histogram | (result written → session stepped) |
+//! | `agents_reconcile_duration_seconds` | histogram | (one Session reconcile, start to end) |
 //! | `agents_sessions` | gauge | `phase` |
 //! | `agents_leader` | gauge | 1 while this replica holds the Lease |
 
@@ -92,6 +93,7 @@ pub struct Metrics {
     tool_calls: Family<ToolLabels, Counter>,
     model_calls: Family<OutcomeLabel, Counter>,
     wake_latency: Histogram,
+    reconcile_duration: Histogram,
     sessions: Family<PhaseLabel, Gauge>,
     leader: Gauge<i64, AtomicI64>,
 }
@@ -144,6 +146,15 @@ impl Metrics {
             Unit::Seconds,
             wake_latency.clone(),
         );
+        // 1 ms .. about 16 s: a step that writes nothing is milliseconds, one
+        // that waits on a model or a runSync tool takes what they take.
+        let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time one Session reconcile took, model and runSync tool calls included",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
         let sessions = Family::<PhaseLabel, Gauge>::default();
         registry.register(
             "sessions",
@@ -163,6 +174,7 @@ impl Metrics {
             tool_calls,
             model_calls,
             wake_latency,
+            reconcile_duration,
             sessions,
             leader,
         }
@@ -206,6 +218,11 @@ impl Metrics {
     /// Time from a call's result being written to its session's next step.
     pub fn wake_latency(&self, latency: Duration) {
         self.wake_latency.observe(latency.as_secs_f64());
+    }
+
+    /// Time one Session reconcile took.
+    pub fn reconcile_duration(&self, took: Duration) {
+        self.reconcile_duration.observe(took.as_secs_f64());
     }
 
     /// How many sessions are in `phase` now (set from the controller's

@@ -1,8 +1,20 @@
-//! Sessions at scale in etcd (issue 17): the operator drives batches of
-//! sessions of the requested flow's shape (two model turns; a runSync and
-//! a runAsync call) on the test cluster and prints, per size, sessions a
-//! second, API writes per session, and the RSS of the operator and of
-//! kube-apiserver, measured in this one run. Ignored by default (minutes):
+//! Sessions at scale in etcd (issue 17), measured in one run on the test
+//! cluster:
+//!
+//! - the raw bound: Session status patches a second by plain clients, at
+//!   the operator's reconcile concurrency (16), each patch the size of an
+//!   operator's status write;
+//! - the operator driving batches of sessions of the requested flow's shape
+//!   (two model turns; a runSync and a runAsync call): sessions a second,
+//!   API writes per session (Session and Continuation writes apart), the
+//!   ratio of the writes it drove to the raw bound, wake latency p50/p99 and
+//!   reconcile p99 from its own histograms, its RSS and peak RSS, and
+//!   kube-apiserver's RSS;
+//! - etcd's database before, after, and once retention
+//!   (`--finished-session-ttl-seconds`) has removed the finished sessions
+//!   (then compacted and defragmented, as a cluster's maintenance does).
+//!
+//! Ignored by default (minutes):
 //!
 //!     AGENTS_SCALE_SESSIONS=200,1000 cargo test --test cluster_scale -- --ignored --nocapture
 //!
@@ -14,6 +26,7 @@
 
 mod support;
 
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 use support::{kubectl_ok, TestNamespace};
 
@@ -73,13 +86,7 @@ fn apply(ns: &str, yaml: &str) {
 }
 
 fn rss_mib(pid: i32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
+    vm_kib(pid, "VmRSS:") / 1024.0
 }
 
 fn apiserver_pid() -> i32 {
@@ -87,10 +94,6 @@ fn apiserver_pid() -> i32 {
         .ok()
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn writes_total() -> u64 {
-    support::api_writes().values().sum()
 }
 
 /// Sessions of `ns` that have succeeded (phases only are fetched).
@@ -104,6 +107,151 @@ fn succeeded(ns: &str) -> usize {
         "jsonpath={.items[*].status.phase}",
     ]);
     out.split_whitespace().filter(|p| *p == "Succeeded").count()
+}
+
+/// The operator's reconcile concurrency (its default).
+const CONCURRENCY: usize = 16;
+
+/// Status patches a second that `CONCURRENCY` plain clients get through,
+/// each the size of an operator's status write (about 4 KB), on Sessions
+/// no operator watches.
+async fn raw_patch_bound(client: &kube::Client, ns: &str, patches: usize) -> f64 {
+    let api: Api<agents::api::Session> = Api::namespaced(client.clone(), ns);
+    for i in 0..CONCURRENCY {
+        let object = serde_json::json!({
+            "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
+            "metadata": {"name": format!("raw{i}")},
+            "spec": {"messages": ["raw"], "agentRef": {"name": "none"}},
+        });
+        let object: agents::api::Session = serde_json::from_value(object).unwrap();
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
+    let started = Instant::now();
+    let tasks = (0..CONCURRENCY).map(|i| {
+        let api = api.clone();
+        tokio::spawn(async move {
+            for n in 0..patches / CONCURRENCY {
+                let message = format!("{n:06} {}", "x".repeat(4000));
+                let body = serde_json::json!({"status": {"conditions": [{
+                    "type": "Succeeded", "status": "Unknown", "reason": "InProgress",
+                    "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+                api.patch_status(
+                    &format!("raw{i}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&body),
+                )
+                .await
+                .unwrap();
+            }
+        })
+    });
+    for t in futures::future::join_all(tasks).await {
+        t.unwrap();
+    }
+    (patches / CONCURRENCY * CONCURRENCY) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A histogram's quantile `q` from its cumulative buckets in `metrics`
+/// (the upper bound of the bucket that holds it).
+fn quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, n) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, n.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last()?.1;
+    if total == 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map(|(le, _)| *le)
+}
+
+fn ms(v: Option<f64>) -> String {
+    match v {
+        Some(s) if s.is_finite() => format!("{:.0}", s * 1000.0),
+        Some(_) => "> max".into(),
+        None => "-".into(),
+    }
+}
+
+fn vm_kib(pid: i32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+const ETCD: &str = "http://127.0.0.1:23790";
+
+fn etcdctl(args: &[&str]) -> String {
+    let bin = std::fs::read_dir("/var/cache/agents-cluster")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("etcdctl"))
+        .find(|p| p.is_file())
+        .expect("etcdctl, built by tests/cluster/build");
+    let out = std::process::Command::new(bin)
+        .arg(format!("--endpoints={ETCD}"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// etcd's database size and the part of it in use, in MB.
+fn etcd_mb() -> (f64, f64) {
+    let status: serde_json::Value =
+        serde_json::from_str(&etcdctl(&["endpoint", "status", "-w", "json"])).unwrap();
+    let s = &status[0]["Status"];
+    let mb = |k: &str| s[k].as_f64().unwrap_or(0.0) / 1e6;
+    (mb("dbSize"), mb("dbSizeInUse"))
+}
+
+/// Compacts etcd's history up to now and defragments it: what the API
+/// server's periodic compaction and an operator's maintenance do.
+fn etcd_compact_and_defrag() {
+    let status: serde_json::Value =
+        serde_json::from_str(&etcdctl(&["endpoint", "status", "-w", "json"])).unwrap();
+    let revision = status[0]["Status"]["header"]["revision"].as_u64().unwrap();
+    let out = etcdctl(&["compact", &revision.to_string(), "--physical"]);
+    assert!(out.contains("compacted"), "{out}");
+    etcdctl(&["defrag"]);
+}
+
+fn sessions_left(ns: &str) -> usize {
+    kubectl_ok(["get", "sessions", "-n", ns, "-o", "name"])
+        .lines()
+        .count()
+}
+
+fn writes_by_resource() -> (u64, u64) {
+    let w = support::api_writes();
+    let of = |r: &str| {
+        w.iter()
+            .filter(|((_, res), _)| res == r)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    (of("sessions"), of("continuations"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,29 +270,28 @@ async fn sessions_at_scale() {
                 .expect("AGENTS_SCALE_SESSIONS: numbers, comma-separated")
         })
         .collect();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let etcd_start = etcd_mb();
+    let raw_ns = TestNamespace::create(&client, "scale-raw").await;
+    let raw = raw_patch_bound(&client, &raw_ns.name, 4000).await;
+    raw_ns.delete(&client).await;
+    println!("machine: {cores} cores; raw bound: {raw:.0} status patches/s ({CONCURRENCY} clients, 4 KB each)");
+
     let ns = TestNamespace::create(&client, "scale").await;
     apply(&ns.name, AGENT);
-    let op = support::launcher::Operator::start(
-        BIN,
-        "scale",
-        &support::kubeconfig_path().unwrap(),
-        &["-n", &ns.name],
-        &[],
-    );
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let op = support::launcher::Operator::start(BIN, "scale", &kubeconfig, &["-n", &ns.name], &[]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rss = rss_mib(op.pid());
-    println!(
-        "machine: {} cores; operator idle RSS {idle_rss:.0} MiB",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
-    println!("| sessions | sessions/s | API writes/session | operator RSS MiB | KB/session | kube-apiserver RSS MiB |");
-    println!("|---|---|---|---|---|---|");
+    println!("operator idle RSS {idle_rss:.0} MiB");
+    println!("| sessions | sessions/s | Session writes/session | Continuation writes/session | API writes/s | ratio to raw bound | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB | peak MiB | KB/session | kube-apiserver RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut made = 0;
     let mut per_session_kb = 0.0;
     for size in sizes {
-        let writes_before = writes_total();
+        let (s_before, c_before) = writes_by_resource();
         let started = Instant::now();
         for chunk in (made..size).step_by(500) {
             apply(&ns.name, &sessions_yaml(chunk, (chunk + 500).min(size)));
@@ -160,18 +307,78 @@ async fn sessions_at_scale() {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let took = started.elapsed().as_secs_f64();
-        // The creates are the client's; the rest are the operator's.
-        let writes = (writes_total() - writes_before) as f64 / batch as f64;
+        let (s_after, c_after) = writes_by_resource();
+        // The creates are the client's (one per session); the rest are the
+        // operator's.
+        let session_writes = (s_after - s_before) as f64 / batch as f64;
+        let continuation_writes = (c_after - c_before) as f64 / batch as f64;
+        let operator_writes_per_s =
+            ((s_after - s_before) + (c_after - c_before) - batch as u64) as f64 / took;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let rss = rss_mib(op.pid());
+        let peak = vm_kib(op.pid(), "VmHWM:") / 1024.0;
         per_session_kb = (rss - idle_rss).max(0.0) * 1024.0 / size as f64;
+        let metrics = op.probe("/metrics").1;
         println!(
-            "| {size} | {:.1} | {writes:.1} | {rss:.0} | {per_session_kb:.1} | {:.0} |",
+            "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
             batch as f64 / took,
+            operator_writes_per_s / raw,
+            ms(quantile(&metrics, "agents_wake_latency_seconds", 0.5)),
+            ms(quantile(&metrics, "agents_wake_latency_seconds", 0.99)),
+            ms(quantile(&metrics, "agents_reconcile_duration_seconds", 0.99)),
             rss_mib(apiserver_pid())
         );
     }
-    // Before the operator kept only what reconcile reads, 55 KB a session.
+    let etcd_full = etcd_mb();
+    drop(op);
+
+    // Retention: a TTL of one second for finished sessions; the operator
+    // deletes them, the garbage collector their continuations.
+    let op = support::launcher::Operator::start(
+        BIN,
+        "scale-retention",
+        &kubeconfig,
+        &["-n", &ns.name, "--finished-session-ttl-seconds", "1"],
+        &[],
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120 + made as u64 / 5);
+    while sessions_left(&ns.name) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "retention did not remove the sessions in time"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let retention_took = started.elapsed().as_secs_f64();
+    drop(op);
+    let continuations = || {
+        kubectl_ok(["get", "continuations", "-n", &ns.name, "-o", "name"])
+            .lines()
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while continuations() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    etcd_compact_and_defrag();
+    let etcd_after = etcd_mb();
+    println!(
+        "retention removed {made} sessions in {retention_took:.0} s ({:.0}/s)",
+        made as f64 / retention_took
+    );
+    println!("| etcd | database MB | in use MB |");
+    println!("|---|---|---|");
+    println!("| before | {:.1} | {:.1} |", etcd_start.0, etcd_start.1);
+    println!(
+        "| with the sessions | {:.1} | {:.1} |",
+        etcd_full.0, etcd_full.1
+    );
+    println!(
+        "| after retention, compacted and defragmented | {:.1} | {:.1} |",
+        etcd_after.0, etcd_after.1
+    );
+    // Before, the operator kept a full copy of each Session: 55 KB a session.
     assert!(
         per_session_kb < 30.0,
         "the operator holds {per_session_kb:.1} KB per finished session"

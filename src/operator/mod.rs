@@ -1013,6 +1013,13 @@ fn ready(status: Status, reason: &str, message: String) -> Condition {
 /// session that cannot run gets `Ready=False`), one engine step, then the
 /// report (conditions, Events, metrics) and the requeue.
 async fn reconcile(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_timed(session, ctx.clone()).await;
+    ctx.metrics.reconcile_duration(started.elapsed());
+    result
+}
+
+async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = session.name_any();
     let ns = session
         .namespace()
