@@ -33,16 +33,20 @@ use support::{kubectl_ok, TestNamespace};
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
 fn sessions_yaml(from: usize, to: usize) -> String {
+    sessions_of("flow", "s", from, to)
+}
+
+fn sessions_of(agent: &str, prefix: &str, from: usize, to: usize) -> String {
     (from..to)
         .map(|i| {
             format!(
                 r#"---
 apiVersion: agents-exe.io/v1alpha1
 kind: Session
-metadata: {{name: s{i:05}}}
+metadata: {{name: {prefix}{i:05}}}
 spec:
   messages: ["fetch two things, please, session {i}"]
-  agentRef: {{name: flow}}
+  agentRef: {{name: {agent}}}
 "#
             )
         })
@@ -69,6 +73,25 @@ spec:
     default: runSync
     rules:
       - {tool: later, disposition: runAsync}
+"#;
+
+/// One call that waits for an outside party, then the answer.
+const WAITING_AGENT: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: waits}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {name: ask, arguments: {what: "a number"}}
+        - text: thanks
+  tools:
+    - {name: ask, builtin: {function: echo}}
+  policy:
+    default: defer
 "#;
 
 fn apply(ns: &str, yaml: &str) {
@@ -151,11 +174,10 @@ async fn raw_patch_bound(client: &kube::Client, ns: &str, patches: usize) -> f64
     (patches / CONCURRENCY * CONCURRENCY) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// A histogram's quantile `q` from its cumulative buckets in `metrics`
-/// (the upper bound of the bucket that holds it).
-fn quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
+/// A histogram's cumulative buckets (upper bound, count) in `metrics`.
+fn buckets(metrics: &str, name: &str) -> Vec<(f64, f64)> {
     let prefix = format!("{name}_bucket{{le=\"");
-    let buckets: Vec<(f64, f64)> = metrics
+    metrics
         .lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
@@ -167,12 +189,25 @@ fn quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
             };
             Some((le, n.trim().parse().ok()?))
         })
+        .collect()
+}
+
+/// Quantile `q` of what a histogram took in between two scrapes: the upper
+/// bound of the bucket that holds it.
+fn quantile(before: &str, after: &str, name: &str, q: f64) -> Option<f64> {
+    let old = buckets(before, name);
+    let delta: Vec<(f64, f64)> = buckets(after, name)
+        .into_iter()
+        .map(|(le, n)| {
+            let was = old.iter().find(|(l, _)| *l == le).map_or(0.0, |(_, n)| *n);
+            (le, n - was)
+        })
         .collect();
-    let total = buckets.last()?.1;
-    if total == 0.0 {
+    let total = delta.last()?.1;
+    if total <= 0.0 {
         return None;
     }
-    buckets
+    delta
         .iter()
         .find(|(_, n)| *n >= q * total)
         .map(|(le, _)| *le)
@@ -273,6 +308,8 @@ async fn sessions_at_scale() {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
+    // Compacted and defragmented first, so before and after compare alike.
+    etcd_compact_and_defrag();
     let etcd_start = etcd_mb();
     let raw_ns = TestNamespace::create(&client, "scale-raw").await;
     let raw = raw_patch_bound(&client, &raw_ns.name, 4000).await;
@@ -291,6 +328,7 @@ async fn sessions_at_scale() {
     let mut made = 0;
     let mut per_session_kb = 0.0;
     for size in sizes {
+        let metrics_before = op.probe("/metrics").1;
         let (s_before, c_before) = writes_by_resource();
         let started = Instant::now();
         for chunk in (made..size).step_by(500) {
@@ -319,16 +357,18 @@ async fn sessions_at_scale() {
         let peak = vm_kib(op.pid(), "VmHWM:") / 1024.0;
         per_session_kb = (rss - idle_rss).max(0.0) * 1024.0 / size as f64;
         let metrics = op.probe("/metrics").1;
+        let q = |name: &str, q: f64| ms(quantile(&metrics_before, &metrics, name, q));
         println!(
             "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
             batch as f64 / took,
             operator_writes_per_s / raw,
-            ms(quantile(&metrics, "agents_wake_latency_seconds", 0.5)),
-            ms(quantile(&metrics, "agents_wake_latency_seconds", 0.99)),
-            ms(quantile(&metrics, "agents_reconcile_duration_seconds", 0.99)),
+            q("agents_wake_latency_seconds", 0.5),
+            q("agents_wake_latency_seconds", 0.99),
+            q("agents_reconcile_duration_seconds", 0.99),
             rss_mib(apiserver_pid())
         );
     }
+    completer_rounds(&client, &ns.name, &op, made).await;
     let etcd_full = etcd_mb();
     drop(op);
 
@@ -378,10 +418,117 @@ async fn sessions_at_scale() {
         "| after retention, compacted and defragmented | {:.1} | {:.1} |",
         etcd_after.0, etcd_after.1
     );
-    // Before, the operator kept a full copy of each Session: 55 KB a session.
+    // Before, the operator kept a full copy of each Session: 55 KB a
+    // session. (Small runs are dominated by fixed costs.)
     assert!(
-        per_session_kb < 30.0,
+        made < 1000 || per_session_kb < 30.0,
         "the operator holds {per_session_kb:.1} KB per finished session"
     );
     ns.delete(&client).await;
+}
+
+/// Sessions waiting on one deferred call each, completed by a concurrent
+/// completer (8 tasks, as a worker pool would): first as fast as it can (a
+/// saturating burst: round trips a second), then paced at half that rate
+/// (the wake latency of an operator that is not queueing).
+async fn completer_rounds(
+    client: &kube::Client,
+    ns: &str,
+    op: &support::launcher::Operator,
+    offset: usize,
+) {
+    let n: usize = std::env::var("AGENTS_SCALE_DEFERRED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    apply(ns, WAITING_AGENT);
+    println!(
+        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut rate = None;
+    for (round, label) in ["burst", "half the burst's rate"].into_iter().enumerate() {
+        let from = offset + round * n;
+        apply(ns, &sessions_of("waits", "w", from, from + n));
+        let tokens: Vec<String> = (from..from + n).map(|i| format!("w{i:05}-t1-c0")).collect();
+        let store = agents::store::kube::KubeStore::new(client.clone(), ns);
+        let deadline = Instant::now() + Duration::from_secs(120 + n as u64);
+        for t in &tokens {
+            while store
+                .get_continuation(&agents::core::ContinuationToken(t.clone()))
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                assert!(Instant::now() < deadline, "{t} never waited");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let before = op.probe("/metrics").1;
+        let started = Instant::now();
+        let pace = rate.map(|r: f64| Duration::from_secs_f64(8.0 / (r / 2.0)));
+        let chunks: Vec<Vec<String>> = tokens.chunks(n.div_ceil(8)).map(|c| c.to_vec()).collect();
+        let tasks = chunks.into_iter().map(|chunk| {
+            let store = agents::store::kube::KubeStore::new(client.clone(), ns);
+            tokio::spawn(async move {
+                for t in chunk {
+                    let tick = Instant::now();
+                    let result = agents::core::ToolResult::text("42");
+                    let now = agents::core::Millis(
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap()
+                            .as_millis() as i64,
+                    );
+                    agents::ports::ContinuationPort::complete(
+                        &store,
+                        &agents::core::ContinuationToken(t),
+                        &result,
+                        "completer",
+                        now,
+                    )
+                    .await
+                    .unwrap();
+                    if let Some(p) = pace {
+                        tokio::time::sleep(p.saturating_sub(tick.elapsed())).await;
+                    }
+                }
+            })
+        });
+        for t in futures::future::join_all(tasks).await {
+            t.unwrap();
+        }
+        let done = |ns: String| {
+            let out = kubectl_ok([
+                "get",
+                "sessions",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.items[*].status.phase}",
+            ]);
+            out.split_whitespace().filter(|p| *p == "Succeeded").count()
+        };
+        let want = offset + (round + 1) * n;
+        while done(ns.to_string()) < want {
+            assert!(
+                Instant::now() < deadline + Duration::from_secs(120),
+                "completed sessions did not all succeed"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let took = started.elapsed().as_secs_f64();
+        let round_trips = n as f64 / took;
+        rate.get_or_insert(round_trips);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = op.probe("/metrics").1;
+        let q = |name: &str, q: f64| ms(quantile(&before, &after, name, q));
+        println!(
+            "| {label} | {n} | {round_trips:.1} | {} | {} | {} |",
+            q("agents_wake_latency_seconds", 0.5),
+            q("agents_wake_latency_seconds", 0.99),
+            q("agents_reconcile_duration_seconds", 0.99),
+        );
+    }
 }
