@@ -46,29 +46,39 @@ const DEFAULT_DEFER_REASON: &str = "waiting for an outside party";
 /// The agent's tools by name; each has exactly one kind and a name of its own.
 fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInfo>, ConvertError> {
     let mut tools = BTreeMap::new();
+    let mut names = std::collections::BTreeSet::new();
     for (i, tool) in agent.tools.iter().enumerate() {
         let at = format!("{field}.tools[{i}]");
         let kinds = [
             tool.builtin.is_some(),
             tool.http.is_some(),
             tool.container.is_some(),
+            tool.mcp.is_some(),
         ];
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(err(
                 at,
-                "a tool needs exactly one of builtin, http, container",
+                "a tool needs exactly one of builtin, http, container, mcp",
             ));
         }
-        let container = tool.container.as_ref().map(isolation_spec);
-        if tools
-            .insert(tool.name.clone(), ToolInfo { container })
-            .is_some()
-        {
+        if !names.insert(tool.name.as_str()) {
             return Err(err(
                 format!("{at}.name"),
                 format!("tool name {:?} is used twice", tool.name),
             ));
         }
+        if let Some(mcp) = &tool.mcp {
+            // The server's tools join when it is listed (the agent layer).
+            if mcp.url.is_some() == mcp.command.is_some() {
+                return Err(err(
+                    format!("{at}.mcp"),
+                    "an mcp server needs exactly one of url and command",
+                ));
+            }
+            continue;
+        }
+        let container = tool.container.as_ref().map(isolation_spec);
+        tools.insert(tool.name.clone(), ToolInfo { container });
     }
     Ok(tools)
 }
@@ -128,6 +138,9 @@ pub fn session_config(
             || t.http
                 .as_ref()
                 .is_some_and(|h| h.headers.iter().any(secret))
+            || t.mcp
+                .as_ref()
+                .is_some_and(|m| m.headers.iter().chain(&m.env).any(secret))
     }) || agent.policy.rules.iter().any(|r| {
         r.isolation
             .as_ref()
@@ -138,6 +151,7 @@ pub fn session_config(
     let tool_fingerprints = agent
         .tools
         .iter()
+        .filter(|t| t.mcp.is_none())
         .map(|t| {
             let what = serde_json::json!({
                 "builtin": t.builtin, "http": t.http, "container": t.container,

@@ -81,17 +81,21 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         agent: agent.spec.clone(),
         spec: probe,
     };
+    let mut mcp = (Vec::new(), Vec::new());
     let (ready, recheck) = match prepare(&ctx, &ns, definition, created).await {
         Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
-            None => (
-                Condition::new(
-                    "Ready",
-                    Status::True,
-                    "Valid",
-                    "policy, tools and model are valid",
-                ),
-                RECHECK,
-            ),
+            None => {
+                mcp = crate::agent::mcp::status(&resolved.mcp);
+                (
+                    Condition::new(
+                        "Ready",
+                        Status::True,
+                        "Valid",
+                        "policy, tools and model are valid",
+                    ),
+                    RECHECK,
+                )
+            }
             // The URL is static: every call of the tool would be refused.
             Some((tool, _, why)) => (
                 Condition::new(
@@ -122,20 +126,30 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         .collect();
     let generation = agent.metadata.generation;
     let settled = conditions::settle(&previous, vec![ready.clone()], generation, created);
-    if settled == previous && status.observed_generation == generation {
+    let (mcp_servers, mcp_tools) = mcp;
+    if settled == previous
+        && status.observed_generation == generation
+        && status.mcp_servers == mcp_servers
+        && status.mcp_tools == mcp_tools
+    {
         return Ok(Action::requeue(recheck));
     }
     let next = AgentStatus {
         conditions: settled.iter().map(meta_condition).collect(),
         observed_generation: generation,
+        mcp_servers,
+        mcp_tools,
     };
+    // A merge patch: lists are replaced whole, and emptied ones removed.
+    let mut patch = json!({ "status": next });
+    for list in ["mcpServers", "mcpTools"] {
+        if patch["status"].get(list).is_none() {
+            patch["status"][list] = serde_json::Value::Null;
+        }
+    }
     let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
     agents
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": next })),
-        )
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     if ready.status == Status::True {
         info!(agent = %format!("{ns}/{name}"), "agent valid");

@@ -29,5 +29,17 @@ pub async fn load_agent(
     let agent = def
         .build(record.created_at, &super::definition::EnvSecrets)
         .map_err(|e| anyhow!("session {id}: {e}"))?;
+    // The operator lists a cluster session's MCP servers itself.
+    let agent = if store.operator_driven() {
+        agent
+    } else {
+        with_mcp_tools(agent).await?
+    };
     Ok((record, def, agent))
+}
+
+/// The agent with its MCP servers' tools (stdio servers started here).
+pub async fn with_mcp_tools(agent: RunnableAgent) -> anyhow::Result<RunnableAgent> {
+    let (agent, _) = agent.with_mcp_tools(true).await.map_err(|e| anyhow!(e))?;
+    Ok(agent)
 }

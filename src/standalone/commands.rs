@@ -186,6 +186,7 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             }
         }
     }
+    let agent = super::any_store::with_mcp_tools(agent).await?;
     let sel = StoreSel::new(store_url, None);
     let outcome = drive(&store, &agent, &id, &options(&sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
