@@ -1,7 +1,7 @@
 //! What `agents run` and `agents session ...` do against a store. The CLI
 //! parses flags and calls these; each returns the process exit code.
 
-use super::any_store::{load_agent, AnyStore};
+use super::any_store::{load_agent, with_mcp_tools, AnyStore};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
@@ -126,9 +126,12 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
     let agent;
     match store.load_session(&id).await? {
         None => {
-            agent = def
-                .build(t, &definition::EnvSecrets)
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            // MCP servers are listed before anything is stored.
+            agent = with_mcp_tools(
+                def.build(t, &definition::EnvSecrets)
+                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+            )
+            .await?;
             if let Some((i, _)) = input
                 .messages
                 .iter()
@@ -170,9 +173,11 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             {
                 bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
             }
-            agent = def
-                .build(existing.value.created_at, &definition::EnvSecrets)
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            agent = with_mcp_tools(
+                def.build(existing.value.created_at, &definition::EnvSecrets)
+                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+            )
+            .await?;
             if def.spec.messages.len() > existing.value.input.messages.len() {
                 // Messages and the definition that lists them change together.
                 let mut record = existing.value.clone();
@@ -186,7 +191,6 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             }
         }
     }
-    let agent = super::any_store::with_mcp_tools(agent).await?;
     let sel = StoreSel::new(store_url, None);
     let outcome = drive(&store, &agent, &id, &options(&sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
