@@ -262,4 +262,16 @@ fn bad_mcp_entries_are_refused_before_the_session_runs_and_say_how_to_fix_them()
             .fails_with(expected);
     }
     assert!(server.calls().is_empty(), "{:?}", server.calls());
+    // Refused before anything was stored: the fixed file runs under its name.
+    let listed = s.run(&["session", "list"]);
+    assert!(!listed.stdout.contains("bad0"), "{}", listed.stdout);
+    let fixed = s.write(
+        "bad0.yaml",
+        &scripted(
+            "bad0",
+            &format!("      - name: srv\n        mcp: {{url: \"{url}\", tools: [add]}}"),
+        ),
+    );
+    let run = s.run(&["run", "-f", &fixed.display().to_string()]);
+    assert!(run.ok().contains("answer: ok"), "{}", run.stdout);
 }
