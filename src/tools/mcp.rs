@@ -167,7 +167,7 @@ pub(crate) struct Reply {
 
 enum Transport {
     Http(HttpEndpoint),
-    Stdio(StdioEndpoint),
+    Stdio(Box<StdioEndpoint>),
 }
 
 impl Transport {
@@ -614,7 +614,9 @@ pub(crate) fn resolve(
             let command = command.clone();
             Ok(Resolved {
                 key,
-                open: Box::new(move || StdioEndpoint::spawn(&command, env).map(Transport::Stdio)),
+                open: Box::new(move || {
+                    StdioEndpoint::spawn(&command, env).map(|s| Transport::Stdio(Box::new(s)))
+                }),
             })
         }
     }
