@@ -35,6 +35,7 @@ mod toolbox;
 
 use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolResponse, ToolResult};
+use crate::http::allow::AllowedUrls;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -205,12 +206,24 @@ impl Connection {
         let era = self.era().await?;
         match self.send_in(&era, method, params.clone()).await {
             Err(McpError::SessionGone) => {
-                *self.era.lock().await = None;
-                let era = self.era().await?;
+                let era = self.renew(&era).await?;
                 self.send_in(&era, method, params).await
             }
             other => other,
         }
+    }
+
+    /// After a session was lost: a new handshake for a session-based
+    /// server (the revision is known; no new probe); nothing to renew for
+    /// a stateless one (a restarted stdio child).
+    async fn renew(&self, old: &Era) -> Result<Era, McpError> {
+        let mut known = self.era.lock().await;
+        let era = match old {
+            Era::Modern => Era::Modern,
+            Era::Legacy { .. } => self.initialize().await?,
+        };
+        *known = Some(era.clone());
+        Ok(era)
     }
 
     /// The revision this connection speaks: learnt once, by the probe and
@@ -590,21 +603,23 @@ impl McpPool {
     }
 }
 
-/// How a server is reached with these secrets, or why it cannot be.
+/// How a server is reached with these secrets, or why it cannot be. A
+/// connection is opened (its HTTP client made: redirects within the origin
+/// and `allowed`) only when the pool has none under the same key.
 pub(crate) fn resolve(
     endpoint: &Endpoint,
-    client: impl FnOnce() -> Result<reqwest::Client, String>,
+    allowed: Option<Arc<AllowedUrls>>,
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Resolved, McpError> {
     match endpoint {
         Endpoint::Http { url, headers } => {
             let (key, headers) = http::resolve_headers(url, headers, lookup)?;
-            let client =
-                client().map_err(|e| McpError::Transport(format!("no HTTP client: {e}")))?;
             let url = url.clone();
             Ok(Resolved {
                 key,
                 open: Box::new(move || {
+                    let client = super::http_client(allowed)
+                        .map_err(|e| McpError::Transport(format!("no HTTP client: {e}")))?;
                     HttpEndpoint::new(&url, client, headers).map(Transport::Http)
                 }),
             })
@@ -651,6 +666,122 @@ mod tests {
         assert!(
             matches!(r, ToolResult::Success { response: ToolResponse::Mixed { ref parts } } if parts.len() == 2),
             "{r:?}"
+        );
+    }
+
+    /// A server of the session-based revision only, scripted on a raw
+    /// socket: it refuses the stateless probe, hands out sessions `s1`,
+    /// `s2`, …, forgets the first after one request, answers in SSE. Keeps
+    /// (method, Mcp-Session-Id, MCP-Protocol-Version) of each request.
+    async fn legacy_server(
+        sse_padding: usize,
+    ) -> (String, Arc<Mutex<Vec<(String, String, String)>>>) {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let mut sessions = 0;
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let raw = crate::http::tests::read_request(&mut sock).await;
+                let text = String::from_utf8_lossy(&raw).into_owned();
+                let (head, body) = text.split_once("\r\n\r\n").unwrap();
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix(name)
+                                .map(|v| v.trim().to_string())
+                        })
+                        .unwrap_or_default()
+                };
+                let msg: Value = serde_json::from_str(body).unwrap();
+                let method = msg["method"].as_str().unwrap().to_string();
+                let session = header("mcp-session-id:");
+                log.lock().unwrap().push((
+                    method.clone(),
+                    session.clone(),
+                    header("mcp-protocol-version:"),
+                ));
+                let id = msg["id"].clone();
+                let reply = |status: &str, extra: &str, ctype: &str, body: String| {
+                    format!("HTTP/1.1 {status}\r\n{extra}content-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                };
+                let answer = match method.as_str() {
+                    "server/discover" => reply("400 Bad Request", "", "application/json", json!({"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32600, "message": "Bad Request: Unsupported protocol version"}}).to_string()),
+                    "initialize" => {
+                        sessions += 1;
+                        let result = json!({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "x", "version": "1"}}});
+                        reply("200 OK", &format!("mcp-session-id: s{sessions}\r\n"), "application/json", result.to_string())
+                    }
+                    "notifications/initialized" => reply("202 Accepted", "", "application/json", String::new()),
+                    _ if session == "s1" && log.lock().unwrap().iter().filter(|(_, s, _)| s == "s1").count() > 2 => {
+                        reply("404 Not Found", "", "application/json", String::new())
+                    }
+                    _ => {
+                        let result = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}});
+                        let padding = "x".repeat(sse_padding);
+                        let events = format!(": {padding}\n\nevent: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}}\n\nevent: message\ndata: {result}\n\n");
+                        reply("200 OK", "", "text/event-stream", events)
+                    }
+                };
+                let _ = sock.write_all(answer.as_bytes()).await;
+            }
+        });
+        (url, seen)
+    }
+
+    fn http_endpoint(url: &str) -> Resolved {
+        resolve(
+            &Endpoint::Http {
+                url: url.into(),
+                headers: vec![],
+            },
+            None,
+            &|_| None,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_session_based_server_gets_the_handshake_and_a_forgotten_session_is_renewed() {
+        let (url, seen) = legacy_server(0).await;
+        let pool = McpPool::default();
+        let listing = pool.list(http_endpoint(&url)).await.unwrap();
+        assert_eq!(listing.protocol_version, "2025-06-18");
+        assert_eq!(listing.tools[0].name, "t");
+        // s1 is forgotten now: a new session, and the request again.
+        let args = Map::new();
+        pool.call(http_endpoint(&url), "t", &args).await.unwrap();
+        let seen: Vec<(String, String, String)> = seen.lock().unwrap().clone();
+        let row = |m: &str, s: &str, v: &str| (m.to_string(), s.to_string(), v.to_string());
+        assert_eq!(
+            seen,
+            [
+                row("server/discover", "", MODERN_VERSION),
+                row("initialize", "", ""),
+                row("notifications/initialized", "s1", "2025-06-18"),
+                row("tools/list", "s1", "2025-06-18"),
+                row("tools/call", "s1", "2025-06-18"),
+                row("initialize", "", ""),
+                row("notifications/initialized", "s2", "2025-06-18"),
+                row("tools/call", "s2", "2025-06-18"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_event_stream_past_the_cap_fails_the_request() {
+        let (url, _) = legacy_server(MAX_MESSAGE_BYTES + 1).await;
+        let e = McpPool::default()
+            .list(http_endpoint(&url))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the most an MCP server's message may hold"),
+            "{e}"
         );
     }
 

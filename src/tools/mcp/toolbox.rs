@@ -4,7 +4,7 @@
 
 use super::{interpret_call, resolve, Endpoint, McpPool, McpServerDef, McpTool};
 use crate::core::ToolResult;
-use crate::tools::{check_header, http_client, ToolDef, ToolError, ToolKind, Toolbox};
+use crate::tools::{check_header, ToolDef, ToolError, ToolKind, Toolbox};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -136,7 +136,7 @@ impl Toolbox {
             error,
         };
         let lookup = |k: &str| self.secret(k);
-        let resolved = resolve(&server.endpoint, || self.client(), &lookup)
+        let resolved = resolve(&server.endpoint, self.allowed_urls.clone(), &lookup)
             .map_err(|e| unavailable(e.to_string()))?;
         let listing = self
             .mcp
@@ -189,10 +189,6 @@ impl Toolbox {
         }
     }
 
-    fn client(&self) -> Result<reqwest::Client, String> {
-        http_client(self.allowed_urls.clone()).map_err(|e| e.to_string())
-    }
-
     /// `tools/call` of tool `name` on `server`: its result, `isError` and
     /// JSON-RPC errors as error results.
     pub(crate) async fn mcp_call(
@@ -214,7 +210,7 @@ impl Toolbox {
             }
         }
         let lookup = |k: &str| self.secret(k);
-        let resolved = match resolve(&server.endpoint, || self.client(), &lookup) {
+        let resolved = match resolve(&server.endpoint, self.allowed_urls.clone(), &lookup) {
             Ok(r) => r,
             Err(e) => return failed(e.to_string()),
         };
