@@ -3,7 +3,7 @@
 //! `Ready` condition, so a broken agent is visible before a session runs it.
 
 use super::{prepare, Context, NotReady, HTTP_TOOL_URL_NOT_ALLOWED, INVALID_RECHECK};
-use crate::api::agent::AgentStatus;
+use crate::api::agent::{AgentStatus, McpServerStatus, McpToolStatus};
 use crate::api::session::AgentRef;
 use crate::api::{Agent, SessionSpec};
 use crate::core::conditions::{self, Condition, Status};
@@ -64,60 +64,8 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
     let ns = agent
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
-    // The checks a session referring to it would meet.
-    let probe = SessionSpec {
-        agent_ref: Some(AgentRef { name: name.clone() }),
-        agent: None,
-        messages: Vec::new(),
-        paused: false,
-        limits: None,
-        retry: None,
-        ttl_seconds_after_finished: None,
-    };
     let created = SystemClock.now();
-    let definition = crate::agent::Definition {
-        session: "agent-check".into(),
-        agent_name: Some(name.clone()),
-        agent: agent.spec.clone(),
-        spec: probe,
-    };
-    let mut mcp = (Vec::new(), Vec::new());
-    let (ready, recheck) = match prepare(&ctx, &ns, definition, created).await {
-        Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
-            None => {
-                mcp = crate::agent::mcp::status(&resolved.mcp);
-                (
-                    Condition::new(
-                        "Ready",
-                        Status::True,
-                        "Valid",
-                        "policy, tools and model are valid",
-                    ),
-                    RECHECK,
-                )
-            }
-            // The URL is static: every call of the tool would be refused.
-            Some((tool, _, why)) => (
-                Condition::new(
-                    "Ready",
-                    Status::False,
-                    HTTP_TOOL_URL_NOT_ALLOWED,
-                    format!(
-                        "http tool {tool:?}: {why}; sessions of this agent run, and each call of {tool:?} fails with this error"
-                    ),
-                ),
-                INVALID_RECHECK,
-            ),
-        },
-        Err(NotReady {
-            reason,
-            message,
-            recheck,
-        }) => (
-            Condition::new("Ready", Status::False, reason, message),
-            recheck.min(INVALID_RECHECK),
-        ),
-    };
+    let (ready, recheck, mcp) = check(&ctx, &ns, &name, &agent.spec, created).await;
     let status = agent.status.clone().unwrap_or_default();
     let previous: Vec<conditions::Condition> = status
         .conditions
@@ -157,6 +105,75 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         warn!(agent = %format!("{ns}/{name}"), reason = %ready.reason, message = %ready.message, "agent not ready");
     }
     Ok(Action::requeue(recheck))
+}
+
+/// What a session referring to the agent would meet: its `Ready`
+/// condition, when to look again, and what its MCP servers offer.
+async fn check(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    spec: &crate::api::AgentSpec,
+    created: crate::core::Millis,
+) -> (
+    Condition,
+    Duration,
+    (Vec<McpServerStatus>, Vec<McpToolStatus>),
+) {
+    // The checks a session referring to it would meet.
+    let probe = SessionSpec {
+        agent_ref: Some(AgentRef { name: name.into() }),
+        agent: None,
+        messages: Vec::new(),
+        paused: false,
+        limits: None,
+        retry: None,
+        ttl_seconds_after_finished: None,
+    };
+    let definition = crate::agent::Definition {
+        session: "agent-check".into(),
+        agent_name: Some(name.into()),
+        agent: spec.clone(),
+        spec: probe,
+    };
+    let mut mcp = (Vec::new(), Vec::new());
+    let (ready, recheck) = match prepare(ctx, ns, definition, created).await {
+        Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
+            None => {
+                mcp = crate::agent::mcp::status(&resolved.mcp);
+                (
+                    Condition::new(
+                        "Ready",
+                        Status::True,
+                        "Valid",
+                        "policy, tools and model are valid",
+                    ),
+                    RECHECK,
+                )
+            }
+            // The URL is static: every call of the tool would be refused.
+            Some((tool, _, why)) => (
+                Condition::new(
+                    "Ready",
+                    Status::False,
+                    HTTP_TOOL_URL_NOT_ALLOWED,
+                    format!(
+                        "http tool {tool:?}: {why}; sessions of this agent run, and each call of {tool:?} fails with this error"
+                    ),
+                ),
+                INVALID_RECHECK,
+            ),
+        },
+        Err(NotReady {
+            reason,
+            message,
+            recheck,
+        }) => (
+            Condition::new("Ready", Status::False, reason, message),
+            recheck.min(INVALID_RECHECK),
+        ),
+    };
+    (ready, recheck, mcp)
 }
 
 fn error_policy(agent: Arc<Agent>, error: &Error, _ctx: Arc<Context>) -> Action {

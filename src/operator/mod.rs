@@ -852,6 +852,36 @@ async fn prepare(
             ))
         }
     };
+    let (agent, mcp) = ready_tools(ctx, ns, agent).await?;
+    let runtime = AgentRuntime {
+        config: agent.config.clone(),
+        system_prompt: agent.system_prompt.clone(),
+        tools: agent.toolbox.schemas(),
+    };
+    Ok(Resolved {
+        runtime,
+        model,
+        tools: Arc::new(agent.toolbox),
+        agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
+        notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
+        mcp,
+    })
+}
+
+/// The agent's tools made ready to run here: their Secrets read (and
+/// those of tool Jobs checked usable), the operator's allow-list, the
+/// shared MCP connections, and the MCP servers' tools listed and joined.
+async fn ready_tools(
+    ctx: &Context,
+    ns: &str,
+    mut agent: crate::agent::RunnableAgent,
+) -> Result<
+    (
+        crate::agent::RunnableAgent,
+        Vec<crate::tools::mcp::ServerListing>,
+    ),
+    NotReady,
+> {
     // Header secrets of http tools and MCP servers come from Secrets in
     // the session's namespace, never from the operator's own environment.
     let mut secrets = std::collections::BTreeMap::new();
@@ -871,7 +901,7 @@ async fn prepare(
         .with_mcp_pool(ctx.mcp.clone());
     // MCP servers are listed here (a listing is reused for a minute); their
     // tools join the toolbox, the config and what the model is offered.
-    let (agent, mcp) = agent.with_mcp_tools(false).await.map_err(|e| NotReady {
+    agent.with_mcp_tools(false).await.map_err(|e| NotReady {
         reason: e.reason(),
         message: e.to_string(),
         recheck: if e.reason() == "McpServerUnavailable" {
@@ -879,19 +909,6 @@ async fn prepare(
         } else {
             INVALID_RECHECK
         },
-    })?;
-    let runtime = AgentRuntime {
-        config: agent.config.clone(),
-        system_prompt: agent.system_prompt.clone(),
-        tools: agent.toolbox.schemas(),
-    };
-    Ok(Resolved {
-        runtime,
-        model,
-        tools: Arc::new(agent.toolbox),
-        agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
-        notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
-        mcp,
     })
 }
 
