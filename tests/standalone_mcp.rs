@@ -275,3 +275,57 @@ fn bad_mcp_entries_are_refused_before_the_session_runs_and_say_how_to_fix_them()
     let run = s.run(&["run", "-f", &fixed.display().to_string()]);
     assert!(run.ok().contains("answer: ok"), "{}", run.stdout);
 }
+
+#[test]
+fn an_mcp_call_behind_approval_runs_once_approved_and_the_session_resumes() {
+    let server = McpServer::start("standalone-approval", &[]);
+    let s = Scratch::new("mcp-approval");
+    let command = serde_json::to_string(&stdio_command()).unwrap();
+    let file = s.write(
+        "gated.yaml",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: gated}}
+spec:
+  messages: ["greet and add"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: greet, arguments: {{name: Bo}}}}
+              - {{name: add, arguments: {{a: 1, b: 2}}}}
+          - text: greeted
+    policy:
+      rules:
+        - {{tool: greet, disposition: runSync, approval: true}}
+        - {{tool: add, disposition: runAsync, approval: true}}
+    tools:
+      - name: remote
+        mcp: {{url: "{url}", tools: [greet]}}
+      - name: local
+        mcp: {{command: {command}, tools: [add]}}
+"#,
+            url = server.url()
+        ),
+    );
+    let run = s.run(&["run", "-f", &file.display().to_string()]);
+    assert!(run.ok().contains("gated-t1-c0"), "{}", run.stdout);
+    assert!(server.calls().is_empty(), "ran before its approval");
+    s.run(&["session", "approve", "gated-t1-c0"]).ok();
+    s.run(&["session", "approve", "gated-t1-c1"]).ok();
+    // A new process: it lists the servers again (the stdio one started
+    // anew) and runs the approved calls.
+    let resumed = s.run(&["session", "resume", "gated"]);
+    let out = resumed.ok();
+    assert!(
+        out.contains("result t1-c0 greet [runSync]: Hello, Bo!"),
+        "{out}"
+    );
+    assert!(out.contains("result t1-c1 add [runAsync]: 3"), "{out}");
+    assert!(out.contains("answer: greeted"), "{out}");
+    assert_eq!(server.calls().len(), 1, "{:?}", server.calls());
+}
