@@ -75,6 +75,12 @@ fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInf
                     "an mcp server needs exactly one of url and command",
                 ));
             }
+            if tool.parameters.is_some() {
+                return Err(err(
+                    format!("{at}.parameters"),
+                    "an mcp server's tools bring their own input schemas; remove parameters",
+                ));
+            }
             continue;
         }
         let container = tool.container.as_ref().map(isolation_spec);
@@ -897,6 +903,32 @@ mod tests {
         agent.tools[1].name = "lookup".into();
         let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
         assert!(e.to_string().contains("used twice"), "{e}");
+
+        // An mcp entry: its tools join when listed, not here; it brings no
+        // parameters of its own, and needs exactly one of url and command.
+        let mut agent = quickstart().spec.agent.unwrap();
+        let mut server = agent.tools[0].clone();
+        (server.name, server.builtin, server.http, server.container) =
+            ("srv".into(), None, None, None);
+        server.parameters = None;
+        server.mcp = Some(crate::api::agent::McpServerSpec {
+            url: Some("http://127.0.0.1:1/mcp".into()),
+            ..Default::default()
+        });
+        agent.tools.push(server.clone());
+        let cfg = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap();
+        assert!(!cfg.tools.contains_key("srv"));
+        let last = agent.tools.len() - 1;
+        agent.tools[last].parameters = Some(serde_json::json!({"type": "object"}));
+        let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
+        assert_eq!(e.field, format!("spec.agent.tools[{last}].parameters"));
+        agent.tools[last].parameters = None;
+        agent.tools[last].mcp.as_mut().unwrap().command = Some(vec!["x".into()]);
+        let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
+        assert!(
+            e.to_string().contains("exactly one of url and command"),
+            "{e}"
+        );
 
         let unknown_field =
             include_str!("../../examples/quickstart.yaml").replace("messages:", "mesages:");
