@@ -4,7 +4,8 @@
 //! Agent's status (names, schemas, the revision spoken); a Session of the
 //! agent calls one tool runSync and one runAsync, with a header from an
 //! opted-in Secret, and succeeds with both results; an `isError` result
-//! reaches the model as an error; a server whose URL the operator's
+//! reaches the model as an error; the README's example Agent works as
+//! written (but for the port); a server whose URL the operator's
 //! allow-list does not hold makes its Agent not Ready, and is never asked.
 
 mod support;
@@ -210,6 +211,42 @@ spec:
         assert_eq!(c["authorization"], "Bearer from-the-secret-51c", "{c}");
         assert_eq!(c["protocolVersion"], "2026-07-28");
     }
+
+    // The README's example, as written but for the server's port, works.
+    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let section = &readme[readme.find("## MCP tools").unwrap()..];
+    let example = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap()
+        .replace("http://127.0.0.1:8000/mcp", &server.url())
+        .replace("name: calc}", "name: readme}");
+    apply(&ns.name, "readme", &example);
+    wait_for(
+        &ns.name,
+        "agent/readme",
+        "{.status.conditions[?(@.type==\"Ready\")].status}=True",
+    );
+    let listed = kubectl_ok([
+        "get",
+        "-n",
+        &ns.name,
+        "agent/readme",
+        "-o",
+        "jsonpath={.status.mcpTools[*].name}",
+    ]);
+    assert_eq!(listed, "add slow_echo");
+    apply(
+        &ns.name,
+        "readme-session",
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: readme}\nspec: {agentRef: {name: readme}, messages: [go]}\n",
+    );
+    wait_for(
+        &ns.name,
+        "session/readme",
+        "{.status.conditions[?(@.type==\"Succeeded\")].status}=True",
+    );
 
     // A server off the allow-list: the Agent is not Ready, and says why.
     apply(
