@@ -182,6 +182,12 @@ spec:
     assert_eq!(stdio.len(), 1, "{stdio:?}");
     assert_eq!(stdio[0]["tool"], "add");
     assert_eq!(stdio[0]["protocolVersion"], "2026-07-28");
+    // The call's stable idempotency key, as http tools send it.
+    let key = stdio[0]["idempotencyKey"].as_str().unwrap_or_default();
+    assert!(
+        key.starts_with("-/mcp/") && key.ends_with("/t1-c0"),
+        "{stdio:?}"
+    );
     let calls = modern.calls();
     let tools: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
     assert_eq!(tools, ["greet", "refuse"]);

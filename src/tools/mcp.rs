@@ -67,6 +67,8 @@ pub const LIST_TTL: Duration = Duration::from_secs(60);
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 const META_CLIENT: &str = "io.modelcontextprotocol/clientInfo";
+/// The `_meta` key of a `tools/call` that carries the call's idempotency key.
+pub const META_IDEMPOTENCY_KEY: &str = "agents-exe.io/idempotencyKey";
 
 /// One MCP server of an agent.
 #[derive(Clone, Debug, PartialEq)]
@@ -587,18 +589,24 @@ impl McpPool {
         Ok(listing)
     }
 
-    /// Calls tool `name` of a server.
+    /// Calls tool `name` of a server. The call's idempotency key goes in
+    /// `_meta` ([`META_IDEMPOTENCY_KEY`]), as http tools send it in a
+    /// header: a server may drop a repeated delivery of one call.
     pub(crate) async fn call(
         &self,
         resolved: Resolved,
         name: &str,
         arguments: &Map<String, Value>,
+        idempotency_key: &str,
     ) -> Result<Value, McpError> {
         let conn = self.connection(resolved)?;
-        let params = json!({"name": name, "arguments": arguments});
-        let Value::Object(params) = params else {
-            unreachable!("an object")
-        };
+        let mut params = Map::new();
+        params.insert("name".into(), json!(name));
+        params.insert("arguments".into(), Value::Object(arguments.clone()));
+        params.insert(
+            "_meta".into(),
+            json!({ META_IDEMPOTENCY_KEY: idempotency_key }),
+        );
         conn.request("tools/call", params).await
     }
 }
@@ -753,7 +761,9 @@ mod tests {
         assert_eq!(listing.tools[0].name, "t");
         // s1 is forgotten now: a new session, and the request again.
         let args = Map::new();
-        pool.call(http_endpoint(&url), "t", &args).await.unwrap();
+        pool.call(http_endpoint(&url), "t", &args, "k")
+            .await
+            .unwrap();
         let seen: Vec<(String, String, String)> = seen.lock().unwrap().clone();
         let row = |m: &str, s: &str, v: &str| (m.to_string(), s.to_string(), v.to_string());
         assert_eq!(

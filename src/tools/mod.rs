@@ -260,7 +260,10 @@ impl Toolbox {
                     "tool {:?} is a container tool; it runs only isolated",
                     call.name
                 )),
-                ToolKind::Mcp { server } => self.mcp_call(server, &call.name, &args).await,
+                ToolKind::Mcp { server } => {
+                    self.mcp_call(server, &call.name, &args, idempotency_key)
+                        .await
+                }
             }
         };
         match timeout {

@@ -13,8 +13,8 @@ initialize handshake offers) is refused with 400, as servers before the
 Mcp-Session-Id.
 
 Every call is appended as one JSON line to $MCP_CALL_LOG when it is set, with
-the protocol version it came under and the X-Team / Authorization headers
-(stdio: none), so tests can see what ran, under which revision, with which
+the protocol version it came under, the idempotency key in its `_meta` and the
+X-Team / Authorization headers (stdio: none), so tests can see what ran, under which revision, with which
 headers.
 """
 
@@ -36,7 +36,11 @@ def record(ctx: Context, tool: str, args: dict) -> None:
     if not path:
         return
     headers = ctx.headers or {}
+    meta = ctx.request_context.meta
+    if meta is not None and hasattr(meta, "model_dump"):
+        meta = meta.model_dump(by_alias=True)
     entry = {
+        "idempotencyKey": (meta or {}).get("agents-exe.io/idempotencyKey"),
         "tool": tool,
         "args": args,
         "protocolVersion": ctx.protocol_version,

@@ -196,6 +196,7 @@ impl Toolbox {
         server: &McpServerDef,
         name: &str,
         args: &Map<String, Value>,
+        idempotency_key: &str,
     ) -> ToolResult {
         let failed = |e: String| {
             ToolResult::error(format!(
@@ -214,7 +215,7 @@ impl Toolbox {
             Ok(r) => r,
             Err(e) => return failed(e.to_string()),
         };
-        match self.mcp.call(resolved, name, args).await {
+        match self.mcp.call(resolved, name, args, idempotency_key).await {
             Ok(result) => interpret_call(&result),
             Err(e) => failed(e.to_string()),
         }
