@@ -9,7 +9,8 @@
 //! Whether a server speaks it is learnt once per connection, as the SDK's
 //! own client does: a `server/discover` probe (no side effects) whose
 //! result names the revision means yes; any other answer (an HTTP 4xx, a
-//! JSON-RPC error, a result without the revision) means the server is of
+//! JSON-RPC error, a result without the revision, none within
+//! [`PROBE_TIMEOUT`]) means the server is of
 //! the session-based revisions, and the client falls back to them: an
 //! `initialize` handshake offering [`HANDSHAKE_VERSION`] (2025-11-25),
 //! the `Mcp-Session-Id` it hands out sent with every later request, and
@@ -61,6 +62,9 @@ pub const MAX_PAGES: usize = 20;
 pub const MAX_TOOLS: usize = 256;
 /// How long a listing (with its handshake) may take.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the `server/discover` probe is waited for before falling
+/// back to the handshake.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a listing is reused before the server is asked again.
 pub const LIST_TTL: Duration = Duration::from_secs(60);
 
@@ -235,12 +239,12 @@ impl Connection {
         if let Some(era) = known.as_ref() {
             return Ok(era.clone());
         }
-        let era = match self
-            .send_in(&Era::Modern, "server/discover", Map::new())
-            .await
-        {
-            Ok(result) if speaks_modern(&result) => Era::Modern,
-            Err(McpError::Transport(e)) => return Err(McpError::Transport(e)),
+        // A server that never answers the probe (one that drops requests
+        // before its handshake) is of the session-based revisions too.
+        let probe = self.send_in(&Era::Modern, "server/discover", Map::new());
+        let era = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(result)) if speaks_modern(&result) => Era::Modern,
+            Ok(Err(McpError::Transport(e))) => return Err(McpError::Transport(e)),
             _ => self.initialize().await?,
         };
         *known = Some(era.clone());
