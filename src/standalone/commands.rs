@@ -200,6 +200,7 @@ pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resul
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
     let (_, _, agent) = load_agent(store.as_ref(), &id).await?;
+    let agent = stepping(store.as_ref(), agent).await?;
     store.change_input(&id, &|i| i.paused = false).await?;
     if store.operator_driven() {
         out::line(&format!(
@@ -209,6 +210,18 @@ pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resul
     }
     let outcome = drive(store.as_ref(), &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
+}
+
+/// The agent as this process steps it: with its MCP servers' tools, unless
+/// the operator steps the session (it lists them itself).
+async fn stepping(
+    store: &dyn crate::ports::AdminPort,
+    agent: definition::RunnableAgent,
+) -> anyhow::Result<definition::RunnableAgent> {
+    if store.operator_driven() {
+        return Ok(agent);
+    }
+    with_mcp_tools(agent).await
 }
 
 /// `agents session retry`: a session that failed (its model kept failing,
@@ -223,6 +236,7 @@ pub async fn retry(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result
             record.state.phase
         );
     }
+    let agent = stepping(store.as_ref(), agent).await?;
     let retry = record.state.retries_taken + 1;
     store.change_input(&id, &move |i| i.retry = retry).await?;
     if store.operator_driven() {
