@@ -607,9 +607,12 @@ impl McpPool {
         let mut params = Map::new();
         params.insert("name".into(), json!(name));
         params.insert("arguments".into(), Value::Object(arguments.clone()));
+        // The key is unique per call, so it doubles as the progress token:
+        // a server may then stream progress (SSE) before the result, which
+        // the client reads past.
         params.insert(
             "_meta".into(),
-            json!({ META_IDEMPOTENCY_KEY: idempotency_key }),
+            json!({ META_IDEMPOTENCY_KEY: idempotency_key, "progressToken": idempotency_key }),
         );
         conn.request("tools/call", params).await
     }

@@ -5,7 +5,10 @@ requirements.txt, installed by ./install) serving a few tools.
     server.py http --port N [--json] [--legacy]
                                          Streamable HTTP on 127.0.0.1:N at /mcp
 
---json answers with application/json instead of text/event-stream (SSE).
+Replies are text/event-stream (SSE) where the SDK streams them: under the
+2026-07-28 revision once a tool sends a notification before its result
+(slow_echo reports progress, so its reply is always an SSE stream), and always
+under the session-based one. --json answers with application/json instead.
 --legacy makes it a server of the previous, session-based revision only: a
 request of the stateless revision (an MCP-Protocol-Version header that no
 initialize handshake offers) is refused with 400, as servers before the
@@ -69,6 +72,8 @@ def greet(name: str, ctx: Context) -> str:
 async def slow_echo(text: str, ms: int, ctx: Context) -> str:
     """Waits `ms` milliseconds, then answers `text`."""
     record(ctx, "slow_echo", {"text": text, "ms": ms})
+    # Progress before the result: the reply becomes an SSE stream.
+    await ctx.report_progress(0.5, 1.0, "halfway")
     await asyncio.sleep(ms / 1000)
     return text
 
