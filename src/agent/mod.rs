@@ -20,6 +20,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+pub mod mcp;
+
 /// Where the secrets an agent names (`{name, key}`) are read from.
 pub trait SecretSource {
     fn secret(&self, name: &str, key: &str) -> Option<String>;
@@ -193,8 +195,21 @@ impl Definition {
         )
         .map_err(|e| e.to_string())?;
         let model = model_client(&self.agent, secrets)?;
-        let toolbox = Toolbox::new(self.agent.tools.iter().map(tool_def).collect())
-            .map_err(|e| e.to_string())?;
+        let field = if self.agent_name.is_some() {
+            "agent.spec"
+        } else {
+            "spec.agent"
+        };
+        let toolbox = Toolbox::new(
+            self.agent
+                .tools
+                .iter()
+                .filter(|t| t.mcp.is_none())
+                .map(tool_def)
+                .collect(),
+        )
+        .and_then(|t| t.with_mcp_servers(mcp::servers(&self.agent.tools)))
+        .map_err(|e| format!("{field}.tools: {e}"))?;
         Ok(RunnableAgent {
             config,
             model,

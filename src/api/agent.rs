@@ -111,6 +111,49 @@ pub struct AgentStatus {
     /// The `metadata.generation` this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The MCP servers as last listed: the revision spoken, and how many
+    /// tools each offers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerStatus>,
+    /// The tools MCP servers offer the model, with their input schemas
+    /// (bounded: see `schemaOmitted`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_tools: Vec<McpToolStatus>,
+}
+
+/// One MCP server of the agent, as last listed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerStatus {
+    /// The entry's `name`.
+    pub name: String,
+    /// The MCP protocol revision spoken with it: `2026-07-28` (stateless),
+    /// or the session-based one it answered `initialize` with.
+    pub protocol_version: String,
+    /// Tools offered to the model.
+    pub tools: u32,
+}
+
+/// One tool an MCP server offers the model.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct McpToolStatus {
+    /// The tool's name: what the model calls and policy rules match.
+    pub name: String,
+    /// The `name` of the mcp entry that offers it.
+    pub server: String,
+    /// Its description (the first 1 KiB).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// Its JSON Schema of arguments, as the server lists it; left out
+    /// (with `schemaOmitted`) past 4 KiB, or once the statuses' schemas
+    /// hold 64 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub input_schema: Option<Value>,
+    /// The schema was too large for the status (the model still gets it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub schema_omitted: bool,
 }
 
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,12 +254,14 @@ pub struct ScriptedToolCall {
     pub arguments: Value,
 }
 
-/// A tool. Give its name and exactly one of `builtin`, `http`, `container`.
+/// A tool. Give its name and exactly one of `builtin`, `http`,
+/// `container`, `mcp`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0) + (has(self.container) ? 1 : 0) == 1").message("a tool needs exactly one of builtin, http, container"))]
+#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0) + (has(self.container) ? 1 : 0) + (has(self.mcp) ? 1 : 0) == 1").message("a tool needs exactly one of builtin, http, container, mcp"))]
 pub struct ToolSpec {
-    /// Name the model calls the tool by.
+    /// Name the model calls the tool by. For an `mcp` entry, the server's
+    /// name (for messages and the status); its tools keep their own names.
     pub name: String,
     /// What the tool does, for the model.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -235,6 +280,49 @@ pub struct ToolSpec {
     /// cluster, a child process standalone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<ContainerTool>,
+    /// An MCP server: each tool it lists (or each that `tools` names) is a
+    /// tool of the agent, under its own name; `description` and
+    /// `parameters` come from the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpServerSpec>,
+}
+
+/// A Model Context Protocol server. Give `url` (Streamable HTTP), or,
+/// for `agents run` only, `command` (a child process speaking stdio).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.url) != has(self.command)").message("an mcp server needs exactly one of url and command"))]
+pub struct McpServerSpec {
+    /// The server's Streamable HTTP endpoint, e.g.
+    /// `http://weather.tools.svc:8000/mcp`. Where the operator lists the
+    /// URLs tools may call (`--http-tool-allowed-urls`), it must be one of
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: Option<String>,
+    /// Standalone (`agents run`) only: the command that starts the server,
+    /// which speaks MCP on stdin and stdout. It gets a clean environment:
+    /// `PATH`, `HOME`, `LANG` and `env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub command: Option<Vec<String>>,
+    /// The only environment variables a `command` server gets besides
+    /// `PATH`, `HOME` and `LANG`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub env: Vec<EnvVar>,
+    /// The tools to offer the model, by their names on the server; unset:
+    /// all it lists. A name the server does not list makes the agent not
+    /// Ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 64)))]
+    pub tools: Vec<String>,
+    /// The only headers sent besides the protocol's own: a value, or a
+    /// Secret key the user opts into (label
+    /// `agents-exe.io/usable-by-agents=true`), as for http tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub headers: Vec<EnvVar>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -47,29 +47,45 @@ const DEFAULT_DEFER_REASON: &str = "waiting for an outside party";
 /// The agent's tools by name; each has exactly one kind and a name of its own.
 fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInfo>, ConvertError> {
     let mut tools = BTreeMap::new();
+    let mut names = std::collections::BTreeSet::new();
     for (i, tool) in agent.tools.iter().enumerate() {
         let at = format!("{field}.tools[{i}]");
         let kinds = [
             tool.builtin.is_some(),
             tool.http.is_some(),
             tool.container.is_some(),
+            tool.mcp.is_some(),
         ];
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(err(
                 at,
-                "a tool needs exactly one of builtin, http, container",
+                "a tool needs exactly one of builtin, http, container, mcp",
             ));
         }
-        let container = tool.container.as_ref().map(isolation_spec);
-        if tools
-            .insert(tool.name.clone(), ToolInfo { container })
-            .is_some()
-        {
+        if !names.insert(tool.name.as_str()) {
             return Err(err(
                 format!("{at}.name"),
                 format!("tool name {:?} is used twice", tool.name),
             ));
         }
+        if let Some(mcp) = &tool.mcp {
+            // The server's tools join when it is listed (the agent layer).
+            if mcp.url.is_some() == mcp.command.is_some() {
+                return Err(err(
+                    format!("{at}.mcp"),
+                    "an mcp server needs exactly one of url and command",
+                ));
+            }
+            if tool.parameters.is_some() {
+                return Err(err(
+                    format!("{at}.parameters"),
+                    "an mcp server's tools bring their own input schemas; remove parameters",
+                ));
+            }
+            continue;
+        }
+        let container = tool.container.as_ref().map(isolation_spec);
+        tools.insert(tool.name.clone(), ToolInfo { container });
     }
     Ok(tools)
 }
@@ -129,6 +145,9 @@ pub fn session_config(
             || t.http
                 .as_ref()
                 .is_some_and(|h| h.headers.iter().any(secret))
+            || t.mcp
+                .as_ref()
+                .is_some_and(|m| m.headers.iter().chain(&m.env).any(secret))
     }) || agent.policy.rules.iter().any(|r| {
         r.isolation
             .as_ref()
@@ -139,6 +158,7 @@ pub fn session_config(
     let tool_fingerprints = agent
         .tools
         .iter()
+        .filter(|t| t.mcp.is_none())
         .map(|t| {
             let what = serde_json::json!({
                 "builtin": t.builtin, "http": t.http, "container": t.container,
@@ -920,6 +940,32 @@ mod tests {
         agent.tools[1].name = "lookup".into();
         let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
         assert!(e.to_string().contains("used twice"), "{e}");
+
+        // An mcp entry: its tools join when listed, not here; it brings no
+        // parameters of its own, and needs exactly one of url and command.
+        let mut agent = quickstart().spec.agent.unwrap();
+        let mut server = agent.tools[0].clone();
+        (server.name, server.builtin, server.http, server.container) =
+            ("srv".into(), None, None, None);
+        server.parameters = None;
+        server.mcp = Some(crate::api::agent::McpServerSpec {
+            url: Some("http://127.0.0.1:1/mcp".into()),
+            ..Default::default()
+        });
+        agent.tools.push(server.clone());
+        let cfg = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap();
+        assert!(!cfg.tools.contains_key("srv"));
+        let last = agent.tools.len() - 1;
+        agent.tools[last].parameters = Some(serde_json::json!({"type": "object"}));
+        let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
+        assert_eq!(e.field, format!("spec.agent.tools[{last}].parameters"));
+        agent.tools[last].parameters = None;
+        agent.tools[last].mcp.as_mut().unwrap().command = Some(vec!["x".into()]);
+        let e = session_config(None, &agent, None, Millis(0), "spec.agent").unwrap_err();
+        assert!(
+            e.to_string().contains("exactly one of url and command"),
+            "{e}"
+        );
 
         let unknown_field =
             include_str!("../../examples/quickstart.yaml").replace("messages:", "mesages:");

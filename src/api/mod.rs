@@ -257,7 +257,10 @@ mod tests {
                     continue;
                 }
                 assert!(
-                    matches!(leaf, "arguments" | "parameters" | "result" | "response"),
+                    matches!(
+                        leaf,
+                        "arguments" | "parameters" | "inputSchema" | "result" | "response"
+                    ),
                     "{}: {path} is free-form",
                     crd.spec.names.kind
                 );

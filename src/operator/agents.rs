@@ -3,7 +3,7 @@
 //! `Ready` condition, so a broken agent is visible before a session runs it.
 
 use super::{prepare, Context, NotReady, HTTP_TOOL_URL_NOT_ALLOWED, INVALID_RECHECK};
-use crate::api::agent::AgentStatus;
+use crate::api::agent::{AgentStatus, McpServerStatus, McpToolStatus};
 use crate::api::session::AgentRef;
 use crate::api::{Agent, SessionSpec};
 use crate::core::conditions::{self, Condition, Status};
@@ -64,9 +64,65 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
     let ns = agent
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let created = SystemClock.now();
+    let (ready, recheck, mcp) = check(&ctx, &ns, &name, &agent.spec, created).await;
+    let status = agent.status.clone().unwrap_or_default();
+    let previous: Vec<conditions::Condition> = status
+        .conditions
+        .iter()
+        .filter_map(core_condition)
+        .collect();
+    let generation = agent.metadata.generation;
+    let settled = conditions::settle(&previous, vec![ready.clone()], generation, created);
+    let (mcp_servers, mcp_tools) = mcp;
+    if settled == previous
+        && status.observed_generation == generation
+        && status.mcp_servers == mcp_servers
+        && status.mcp_tools == mcp_tools
+    {
+        return Ok(Action::requeue(recheck));
+    }
+    let next = AgentStatus {
+        conditions: settled.iter().map(meta_condition).collect(),
+        observed_generation: generation,
+        mcp_servers,
+        mcp_tools,
+    };
+    // A merge patch: lists are replaced whole, and emptied ones removed.
+    let mut patch = json!({ "status": next });
+    for list in ["mcpServers", "mcpTools"] {
+        if patch["status"].get(list).is_none() {
+            patch["status"][list] = serde_json::Value::Null;
+        }
+    }
+    let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
+    agents
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    if ready.status == Status::True {
+        info!(agent = %format!("{ns}/{name}"), "agent valid");
+    } else {
+        warn!(agent = %format!("{ns}/{name}"), reason = %ready.reason, message = %ready.message, "agent not ready");
+    }
+    Ok(Action::requeue(recheck))
+}
+
+/// What a session referring to the agent would meet: its `Ready`
+/// condition, when to look again, and what its MCP servers offer.
+async fn check(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    spec: &crate::api::AgentSpec,
+    created: crate::core::Millis,
+) -> (
+    Condition,
+    Duration,
+    (Vec<McpServerStatus>, Vec<McpToolStatus>),
+) {
     // The checks a session referring to it would meet.
     let probe = SessionSpec {
-        agent_ref: Some(AgentRef { name: name.clone() }),
+        agent_ref: Some(AgentRef { name: name.into() }),
         agent: None,
         messages: Vec::new(),
         paused: false,
@@ -74,24 +130,27 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         retry: None,
         ttl_seconds_after_finished: None,
     };
-    let created = SystemClock.now();
     let definition = crate::agent::Definition {
         session: "agent-check".into(),
-        agent_name: Some(name.clone()),
-        agent: agent.spec.clone(),
+        agent_name: Some(name.into()),
+        agent: spec.clone(),
         spec: probe,
     };
-    let (ready, recheck) = match prepare(&ctx, &ns, definition, created).await {
+    let mut mcp = (Vec::new(), Vec::new());
+    let (ready, recheck) = match prepare(ctx, ns, definition, created).await {
         Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
-            None => (
-                Condition::new(
-                    "Ready",
-                    Status::True,
-                    "Valid",
-                    "policy, tools and model are valid",
-                ),
-                RECHECK,
-            ),
+            None => {
+                mcp = crate::agent::mcp::status(&resolved.mcp);
+                (
+                    Condition::new(
+                        "Ready",
+                        Status::True,
+                        "Valid",
+                        "policy, tools and model are valid",
+                    ),
+                    RECHECK,
+                )
+            }
             // The URL is static: every call of the tool would be refused.
             Some((tool, _, why)) => (
                 Condition::new(
@@ -114,35 +173,7 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
             recheck.min(INVALID_RECHECK),
         ),
     };
-    let status = agent.status.clone().unwrap_or_default();
-    let previous: Vec<conditions::Condition> = status
-        .conditions
-        .iter()
-        .filter_map(core_condition)
-        .collect();
-    let generation = agent.metadata.generation;
-    let settled = conditions::settle(&previous, vec![ready.clone()], generation, created);
-    if settled == previous && status.observed_generation == generation {
-        return Ok(Action::requeue(recheck));
-    }
-    let next = AgentStatus {
-        conditions: settled.iter().map(meta_condition).collect(),
-        observed_generation: generation,
-    };
-    let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
-    agents
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": next })),
-        )
-        .await?;
-    if ready.status == Status::True {
-        info!(agent = %format!("{ns}/{name}"), "agent valid");
-    } else {
-        warn!(agent = %format!("{ns}/{name}"), reason = %ready.reason, message = %ready.message, "agent not ready");
-    }
-    Ok(Action::requeue(recheck))
+    (ready, recheck, mcp)
 }
 
 fn error_policy(agent: Arc<Agent>, error: &Error, _ctx: Arc<Context>) -> Action {

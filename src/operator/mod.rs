@@ -178,6 +178,9 @@ pub struct Context {
     /// Waits already announced as Events (session UID, token, what it waits
     /// for): every step re-ensures open continuations, which is no news.
     announced: Mutex<HashSet<String>>,
+    /// Connections to MCP servers and their listings, shared by the Agent
+    /// and Session reconciles and the background runs.
+    pub mcp: Arc<crate::tools::mcp::McpPool>,
 }
 
 impl Context {
@@ -213,6 +216,7 @@ impl Context {
             options: opts.clone(),
             failures: Mutex::new(HashMap::new()),
             announced: Mutex::new(HashSet::new()),
+            mcp: Arc::default(),
         }
     }
 }
@@ -800,6 +804,8 @@ struct Resolved {
     agent_name: String,
     /// Where waits for a person are announced.
     notify: Option<notify::Target>,
+    /// What listing the agent's MCP servers found.
+    mcp: Vec<crate::tools::mcp::ServerListing>,
 }
 
 async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
@@ -885,16 +891,41 @@ async fn prepare(
             ))
         }
     };
+    let (agent, mcp) = ready_tools(ctx, ns, agent).await?;
     let runtime = AgentRuntime {
         config: agent.config.clone(),
         system_prompt: agent.system_prompt.clone(),
         tools: agent.toolbox.schemas(),
     };
-    // Header secrets of http tools come from Secrets in the session's
-    // namespace, never from the operator's own environment.
+    Ok(Resolved {
+        runtime,
+        model,
+        tools: Arc::new(agent.toolbox),
+        agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
+        notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
+        mcp,
+    })
+}
+
+/// The agent's tools made ready to run here: their Secrets read (and
+/// those of tool Jobs checked usable), the operator's allow-list, the
+/// shared MCP connections, and the MCP servers' tools listed and joined.
+async fn ready_tools(
+    ctx: &Context,
+    ns: &str,
+    mut agent: crate::agent::RunnableAgent,
+) -> Result<
+    (
+        crate::agent::RunnableAgent,
+        Vec<crate::tools::mcp::ServerListing>,
+    ),
+    NotReady,
+> {
+    // Header secrets of http tools and MCP servers come from Secrets in
+    // the session's namespace, never from the operator's own environment.
     let mut secrets = std::collections::BTreeMap::new();
     for r in agent.toolbox.secret_refs() {
-        let value = read_secret(ctx, ns, &r.name, &r.key, "an http tool's header").await?;
+        let value = read_secret(ctx, ns, &r.name, &r.key, "a tool's header").await?;
         secrets.insert(r.env_name(), value);
     }
     // Secrets of tool Jobs are read by the kubelet, not by us: they must
@@ -902,16 +933,21 @@ async fn prepare(
     for r in agent.tool_secrets() {
         usable_secret(ctx, ns, &r.name, "a tool's env").await?;
     }
-    let toolbox = agent
+    agent.toolbox = agent
         .toolbox
         .with_secrets(secrets)
-        .with_allowed_urls(ctx.options.http_tool_allowed_urls.clone());
-    Ok(Resolved {
-        runtime,
-        model,
-        tools: Arc::new(toolbox),
-        agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
-        notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
+        .with_allowed_urls(ctx.options.http_tool_allowed_urls.clone())
+        .with_mcp_pool(ctx.mcp.clone());
+    // MCP servers are listed here (a listing is reused for a minute); their
+    // tools join the toolbox, the config and what the model is offered.
+    agent.with_mcp_tools(false).await.map_err(|e| NotReady {
+        reason: e.reason(),
+        message: e.to_string(),
+        recheck: if e.reason() == "McpServerUnavailable" {
+            NOT_READY_RECHECK
+        } else {
+            INVALID_RECHECK
+        },
     })
 }
 

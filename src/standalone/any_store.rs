@@ -31,3 +31,13 @@ pub async fn load_agent(
         .map_err(|e| anyhow!("session {id}: {e}"))?;
     Ok((record, def, agent))
 }
+
+/// The agent with its MCP servers' tools (stdio servers started here):
+/// what a command that steps the session needs (`run`, `resume`,
+/// `retry`), before it changes anything. Commands that only read or
+/// decide (`show`, `pending`, `approve`, …) never ask the servers, so a
+/// server that is down does not keep a person from deciding.
+pub async fn with_mcp_tools(agent: RunnableAgent) -> anyhow::Result<RunnableAgent> {
+    let (agent, _) = agent.with_mcp_tools(true).await.map_err(|e| anyhow!(e))?;
+    Ok(agent)
+}

@@ -1,7 +1,7 @@
 //! What `agents run` and `agents session ...` do against a store. The CLI
 //! parses flags and calls these; each returns the process exit code.
 
-use super::any_store::{load_agent, AnyStore};
+use super::any_store::{load_agent, with_mcp_tools, AnyStore};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
@@ -126,9 +126,12 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
     let agent;
     match store.load_session(&id).await? {
         None => {
-            agent = def
-                .build(t, &definition::EnvSecrets)
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            // MCP servers are listed before anything is stored.
+            agent = with_mcp_tools(
+                def.build(t, &definition::EnvSecrets)
+                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+            )
+            .await?;
             if let Some((i, _)) = input
                 .messages
                 .iter()
@@ -170,9 +173,11 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
             {
                 bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
             }
-            agent = def
-                .build(existing.value.created_at, &definition::EnvSecrets)
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            agent = with_mcp_tools(
+                def.build(existing.value.created_at, &definition::EnvSecrets)
+                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+            )
+            .await?;
             if def.spec.messages.len() > existing.value.input.messages.len() {
                 // Messages and the definition that lists them change together.
                 let mut record = existing.value.clone();
@@ -195,6 +200,7 @@ pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resul
     let store = open(sel).await?;
     let id = SessionId(session.to_string());
     let (_, _, agent) = load_agent(store.as_ref(), &id).await?;
+    let agent = stepping(store.as_ref(), agent).await?;
     store.change_input(&id, &|i| i.paused = false).await?;
     if store.operator_driven() {
         out::line(&format!(
@@ -204,6 +210,18 @@ pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resul
     }
     let outcome = drive(store.as_ref(), &agent, &id, &options(sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
+}
+
+/// The agent as this process steps it: with its MCP servers' tools, unless
+/// the operator steps the session (it lists them itself).
+async fn stepping(
+    store: &dyn crate::ports::AdminPort,
+    agent: definition::RunnableAgent,
+) -> anyhow::Result<definition::RunnableAgent> {
+    if store.operator_driven() {
+        return Ok(agent);
+    }
+    with_mcp_tools(agent).await
 }
 
 /// `agents session retry`: a session that failed (its model kept failing,
@@ -218,6 +236,7 @@ pub async fn retry(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result
             record.state.phase
         );
     }
+    let agent = stepping(store.as_ref(), agent).await?;
     let retry = record.state.retries_taken + 1;
     store.change_input(&id, &move |i| i.retry = retry).await?;
     if store.operator_driven() {

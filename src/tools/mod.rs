@@ -13,9 +13,12 @@ use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
 use crate::http;
 use crate::http::allow::AllowedUrls;
+use mcp::{McpPool, McpServerDef};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub mod mcp;
 
 /// Builtin tool names, with what each does (shown in errors and docs).
 pub const BUILTINS: &[(&str, &str)] = &[
@@ -47,6 +50,10 @@ pub enum ToolKind {
     },
     /// Runs only isolated, through a runner.
     Container,
+    /// A tool of an MCP server, called by its name there (`tools/call`).
+    Mcp {
+        server: std::sync::Arc<McpServerDef>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -86,6 +93,8 @@ pub enum ToolError {
         header: String,
         why: String,
     },
+    #[error("mcp server {server:?}: {why}")]
+    BadMcpServer { server: String, why: String },
     #[error("tool {tool:?} uses builtin {function:?}, which does not exist; builtins: {known}")]
     UnknownBuiltin {
         tool: String,
@@ -106,6 +115,10 @@ pub struct Toolbox {
     /// The URLs http tools may call (the operator's allow-list); `None`:
     /// any.
     allowed_urls: Option<std::sync::Arc<AllowedUrls>>,
+    /// The MCP servers whose tools [`Toolbox::discover`] adds.
+    servers: Vec<McpServerDef>,
+    /// Connections to MCP servers and their listings.
+    mcp: std::sync::Arc<McpPool>,
 }
 
 impl Toolbox {
@@ -143,6 +156,8 @@ impl Toolbox {
             http: None,
             secrets: None,
             allowed_urls: None,
+            servers: Vec::new(),
+            mcp: Default::default(),
         })
     }
 
@@ -178,14 +193,20 @@ impl Toolbox {
         self
     }
 
-    /// The Secret keys the tools' headers name.
+    /// The Secret keys the tools' headers name (and those of MCP servers:
+    /// headers, and a stdio server's env).
     pub fn secret_refs(&self) -> Vec<crate::core::policy::SecretKeyRef> {
+        let servers = self.servers.iter().map(|s| match &s.endpoint {
+            mcp::Endpoint::Http { headers, .. } => headers,
+            mcp::Endpoint::Stdio { env, .. } => env,
+        });
         self.tools
             .values()
             .filter_map(|d| match &d.kind {
                 ToolKind::Http { headers, .. } => Some(headers),
                 _ => None,
             })
+            .chain(servers)
             .flatten()
             .filter_map(|h| h.secret.clone())
             .collect()
@@ -231,10 +252,7 @@ impl Toolbox {
             match &def.kind {
                 ToolKind::Builtin { function } => builtin(function, &args).await,
                 ToolKind::Http { url, headers } => {
-                    let lookup = |k: &str| match &self.secrets {
-                        Some(resolved) => resolved.get(k).cloned(),
-                        None => std::env::var(k).ok(),
-                    };
+                    let lookup = |k: &str| self.secret(k);
                     self.http_call(url, headers, &args, idempotency_key, &lookup)
                         .await
                 }
@@ -242,6 +260,10 @@ impl Toolbox {
                     "tool {:?} is a container tool; it runs only isolated",
                     call.name
                 )),
+                ToolKind::Mcp { server } => {
+                    self.mcp_call(server, &call.name, &args, idempotency_key)
+                        .await
+                }
             }
         };
         match timeout {
@@ -427,7 +449,9 @@ enum Target {
 /// ([`http::redirect_policy`]) and, with an allow-list, only to a URL it
 /// holds ([`http::redirect_policy_within`]); the call's timeout bounds the
 /// rest.
-fn http_client(allowed: Option<std::sync::Arc<AllowedUrls>>) -> reqwest::Result<reqwest::Client> {
+pub(crate) fn http_client(
+    allowed: Option<std::sync::Arc<AllowedUrls>>,
+) -> reqwest::Result<reqwest::Client> {
     let policy = match allowed {
         Some(list) => http::redirect_policy_within(list),
         None => http::redirect_policy(),
@@ -435,7 +459,7 @@ fn http_client(allowed: Option<std::sync::Arc<AllowedUrls>>) -> reqwest::Result<
     reqwest::Client::builder().redirect(policy).build()
 }
 
-fn check_header(h: &EnvVarSpec) -> Result<(), String> {
+pub(crate) fn check_header(h: &EnvVarSpec) -> Result<(), String> {
     reqwest::header::HeaderName::from_bytes(h.name.as_bytes())
         .map_err(|_| "not a valid HTTP header name".to_string())?;
     if RESERVED_HEADERS.contains(&h.name.to_ascii_lowercase().as_str()) {

@@ -14,6 +14,7 @@
 
 pub mod fake;
 pub mod launcher;
+pub mod mcp;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,0 +1,297 @@
+//! The `mcp` tool kind in a cluster, against the real MCP server
+//! (tests/mcp/server.py, the official Python SDK, on loopback where the
+//! operator runs): the Agent controller lists the server's tools into the
+//! Agent's status (names, schemas, the revision spoken); a Session of the
+//! agent calls one tool runSync and one runAsync, with a header from an
+//! opted-in Secret, and succeeds with both results; an `isError` result
+//! reaches the model as an error; the README's example Agent works as
+//! written (but for the port); a server whose URL the operator's
+//! allow-list does not hold makes its Agent not Ready, and is never asked.
+
+mod support;
+
+use serde_json::Value;
+use support::launcher::Operator;
+use support::mcp::McpServer;
+use support::{kubectl, kubectl_ok, TestNamespace};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+
+fn apply(ns: &str, name: &str, yaml: &str) {
+    let file = std::env::temp_dir().join(format!("agents-mcp-{ns}-{name}.yaml"));
+    std::fs::write(&file, yaml).unwrap();
+    kubectl_ok(["apply", "-n", ns, "-f", file.to_str().unwrap()]);
+}
+
+fn wait_for(ns: &str, what: &str, jsonpath: &str) {
+    let out = kubectl([
+        "wait",
+        "-n",
+        ns,
+        &format!("--for=jsonpath={jsonpath}"),
+        what,
+        "--timeout=90s",
+    ]);
+    let status = kubectl_ok(["get", "-n", ns, what, "-o", "jsonpath={.status}"]);
+    assert!(
+        out.status.success(),
+        "{what}: {jsonpath}: {}\nstatus: {status}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn get_json(ns: &str, what: &str) -> Value {
+    serde_json::from_str(&kubectl_ok(["get", "-n", ns, what, "-o", "json"])).unwrap()
+}
+
+/// Every tool result in a Session's status, by tool name.
+fn results(v: &Value, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Object(m) => {
+            if let (Some(Value::String(tool)), Some(result), Some(_)) =
+                (m.get("tool"), m.get("result"), m.get("callId"))
+            {
+                out.push((tool.clone(), result.clone()));
+            }
+            m.values().for_each(|x| results(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| results(x, out)),
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_mcp_tools_are_listed_in_its_status_and_called_sync_and_async() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "mcp").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let server = McpServer::start("cluster", &[]);
+    let off_list = McpServer::start("cluster-off-list", &["--legacy"]);
+    kubectl_ok([
+        "create",
+        "secret",
+        "generic",
+        "mcp",
+        "-n",
+        &ns.name,
+        "--from-literal=token=Bearer from-the-secret-51c",
+    ]);
+    kubectl_ok([
+        "label",
+        "secret",
+        "mcp",
+        "-n",
+        &ns.name,
+        "agents-exe.io/usable-by-agents=true",
+    ]);
+    let allowed = format!(
+        "--http-tool-allowed-urls=http://127.0.0.1:{}/*",
+        server.port
+    );
+    let op = Operator::start(
+        BIN,
+        &format!("mcp-{}", ns.name),
+        &kubeconfig,
+        &["-n", &ns.name, &allowed],
+        &[],
+    );
+    apply(
+        &ns.name,
+        "agent",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: calc}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: add, arguments: {{a: 20, b: 22}}}}
+            - {{name: slow_echo, arguments: {{text: later, ms: 300}}}}
+            - {{name: refuse, arguments: {{reason: policy}}}}
+        - text: done
+  policy:
+    rules:
+      - {{tool: slow_echo, disposition: runAsync}}
+  tools:
+    - name: calc-server
+      mcp:
+        url: "{url}"
+        tools: [add, slow_echo, refuse]
+        headers:
+          - name: Authorization
+            valueFrom: {{secretKeyRef: {{name: mcp, key: token}}}}
+"#,
+            url = server.url()
+        ),
+    );
+    wait_for(
+        &ns.name,
+        "agent/calc",
+        "{.status.conditions[?(@.type==\"Ready\")].status}=True",
+    );
+    let agent = get_json(&ns.name, "agent/calc");
+    let status = &agent["status"];
+    assert_eq!(status["mcpServers"][0]["name"], "calc-server", "{status}");
+    assert_eq!(status["mcpServers"][0]["protocolVersion"], "2026-07-28");
+    assert_eq!(status["mcpServers"][0]["tools"], 3);
+    let tools: Vec<&str> = status["mcpTools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["add", "slow_echo", "refuse"], "{status}");
+    let add = &status["mcpTools"][0];
+    assert_eq!(add["server"], "calc-server");
+    assert_eq!(add["description"], "Adds two integers.");
+    assert_eq!(add["inputSchema"]["properties"]["b"]["type"], "integer");
+
+    apply(
+        &ns.name,
+        "session",
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: sum}
+spec:
+  agentRef: {name: calc}
+  messages: ["what is 20 + 22?"]
+"#,
+    );
+    wait_for(
+        &ns.name,
+        "session/sum",
+        "{.status.conditions[?(@.type==\"Succeeded\")].status}=True",
+    );
+    let session = get_json(&ns.name, "session/sum");
+    let mut found = Vec::new();
+    results(&session["status"], &mut found);
+    let result = |tool: &str| {
+        found
+            .iter()
+            .find(|(t, _)| t == tool)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_else(|| panic!("no result of {tool}: {found:?}"))
+    };
+    assert_eq!(result("add")["response"]["content"], "42", "{found:?}");
+    assert_eq!(result("slow_echo")["response"]["content"], "later");
+    assert_eq!(result("refuse")["status"], "error");
+    assert!(
+        result("refuse")["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused: policy"),
+        "{found:?}"
+    );
+    // The runAsync call waited on a Continuation (its token); the runSync
+    // ones did not.
+    let text = session.to_string();
+    assert!(
+        text.contains(r#""token":"sum-t1-c1","tool":"slow_echo""#),
+        "{text}"
+    );
+    assert!(!text.contains("sum-t1-c0"), "{text}");
+    assert!(
+        !text.contains("from-the-secret-51c"),
+        "the secret is in the Session"
+    );
+    let calls = server.calls();
+    let called: Vec<&str> = calls.iter().map(|c| c["tool"].as_str().unwrap()).collect();
+    let mut sorted = called.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["add", "refuse", "slow_echo"], "{calls:?}");
+    for c in &calls {
+        assert_eq!(c["authorization"], "Bearer from-the-secret-51c", "{c}");
+        assert_eq!(c["protocolVersion"], "2026-07-28");
+    }
+
+    // The README's example, as written but for the server's port, works.
+    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let section = &readme[readme.find("## MCP tools").unwrap()..];
+    let example = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap()
+        .replace("http://127.0.0.1:8000/mcp", &server.url())
+        .replace("name: calc}", "name: readme}");
+    apply(&ns.name, "readme", &example);
+    wait_for(
+        &ns.name,
+        "agent/readme",
+        "{.status.conditions[?(@.type==\"Ready\")].status}=True",
+    );
+    let listed = kubectl_ok([
+        "get",
+        "-n",
+        &ns.name,
+        "agent/readme",
+        "-o",
+        "jsonpath={.status.mcpTools[*].name}",
+    ]);
+    assert_eq!(listed, "add slow_echo");
+    apply(
+        &ns.name,
+        "readme-session",
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: readme}\nspec: {agentRef: {name: readme}, messages: [go]}\n",
+    );
+    wait_for(
+        &ns.name,
+        "session/readme",
+        "{.status.conditions[?(@.type==\"Succeeded\")].status}=True",
+    );
+
+    // A server off the allow-list: the Agent is not Ready, and says why.
+    apply(
+        &ns.name,
+        "blocked",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: blocked}}
+spec:
+  model: {{provider: scripted, scripted: {{replies: [{{text: ok}}]}}}}
+  tools:
+    - name: elsewhere
+      mcp: {{url: "{url}"}}
+"#,
+            url = off_list.url()
+        ),
+    );
+    wait_for(
+        &ns.name,
+        "agent/blocked",
+        "{.status.conditions[?(@.type==\"Ready\")].reason}=McpServerUrlNotAllowed",
+    );
+    let blocked = get_json(&ns.name, "agent/blocked");
+    let message = blocked["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("mcp server \"elsewhere\"")
+            && message.contains("is not on the operator's allow-list")
+            && message.contains("--http-tool-allowed-urls"),
+        "{message}"
+    );
+    assert!(blocked["status"]["conditions"][0]["status"] == "False");
+    assert!(off_list.calls().is_empty());
+    assert!(
+        off_list
+            .log_text()
+            .lines()
+            .all(|l| !l.contains("session ID")),
+        "{}",
+        off_list.log_text()
+    );
+    drop(op);
+    ns.delete(&client).await;
+}
