@@ -5,12 +5,13 @@ use super::any_store::{load_agent, with_mcp_tools, AnyStore};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
+use crate::agent::RunnableAgent;
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
 };
 use crate::engine::Roles;
-use crate::ports::AdminPort;
+use crate::ports::{AdminPort, Versioned};
 use crate::runner::ProcessRunner;
 use crate::standalone::out;
 use crate::standalone::progress::shell_quote;
@@ -117,83 +118,95 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
     let def = definition::load_file(path)?;
     let store = open_store(store_url)?;
     let id = def.session_id();
-    let t = now();
-    let input = SessionInput {
-        messages: def.spec.messages.clone(),
-        paused: def.spec.paused,
-        retry: 0,
+    let agent = match store.load_session(&id).await? {
+        None => create_from_file(&store, path, &def).await?,
+        Some(existing) => continue_from_file(&store, store_url, path, &def, existing).await?,
     };
-    let agent;
-    match store.load_session(&id).await? {
-        None => {
-            // MCP servers are listed before anything is stored.
-            agent = with_mcp_tools(
-                def.build(t, &definition::EnvSecrets)
-                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
-            )
-            .await?;
-            if let Some((i, _)) = input
-                .messages
-                .iter()
-                .enumerate()
-                .find(|(_, m)| m.trim().is_empty())
-            {
-                bail!(
-                    "{}: spec.messages[{i}] is empty; send some text",
-                    path.display()
-                );
-            }
-            // The messages go in with the creation; the engine takes them in.
-            let record = SessionRecord {
-                state: SessionState::new(id.clone()),
-                input,
-                namespace: String::new(),
-                uid: uuid::Uuid::new_v4().to_string(),
-                definition: serde_json::to_value(&def)?,
-                created_at: t,
-                updated_at: t,
-            };
-            match store.create_session(record).await {
-                Ok(_) | Err(StoreError::SessionExists(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Some(existing) => {
-            let stored: Definition = serde_json::from_value(existing.value.definition.clone())
-                .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
-            if stored.agent != def.agent || stored.agent_name != def.agent_name {
-                bail!(
-                    "session {id} already exists in {store_url} with a different agent; give this one another metadata.name, or continue the stored one with `agents session resume {id}`"
-                );
-            }
-            if !def
-                .spec
-                .messages
-                .starts_with(&existing.value.input.messages)
-            {
-                bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
-            }
-            agent = with_mcp_tools(
-                def.build(existing.value.created_at, &definition::EnvSecrets)
-                    .map_err(|e| anyhow!("{}: {e}", path.display()))?,
-            )
-            .await?;
-            if def.spec.messages.len() > existing.value.input.messages.len() {
-                // Messages and the definition that lists them change together.
-                let mut record = existing.value.clone();
-                record.input.messages = def.spec.messages.clone();
-                record.definition = serde_json::to_value(&def)?;
-                record.updated_at = t;
-                store
-                    .save_session(&record, &existing.version)
-                    .await
-                    .context("adding the new messages")?;
-            }
-        }
-    }
     let sel = StoreSel::new(store_url, None);
     let outcome = drive(&store, &agent, &id, &options(&sel), &|p| out.emit(p)).await?;
     Ok(exit_for(&outcome))
+}
+
+/// A new session from `def`, its MCP servers listed before anything is
+/// stored.
+async fn create_from_file(
+    store: &SqliteStore,
+    path: &Path,
+    def: &Definition,
+) -> anyhow::Result<RunnableAgent> {
+    let t = now();
+    let agent = with_mcp_tools(
+        def.build(t, &definition::EnvSecrets)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+    )
+    .await?;
+    let messages = &def.spec.messages;
+    if let Some(i) = messages.iter().position(|m| m.trim().is_empty()) {
+        bail!(
+            "{}: spec.messages[{i}] is empty; send some text",
+            path.display()
+        );
+    }
+    // The messages go in with the creation; the engine takes them in.
+    let record = SessionRecord {
+        state: SessionState::new(def.session_id()),
+        input: SessionInput {
+            messages: messages.clone(),
+            paused: def.spec.paused,
+            retry: 0,
+        },
+        namespace: String::new(),
+        uid: uuid::Uuid::new_v4().to_string(),
+        definition: serde_json::to_value(def)?,
+        created_at: t,
+        updated_at: t,
+    };
+    match store.create_session(record).await {
+        Ok(_) | Err(StoreError::SessionExists(_)) => Ok(agent),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The stored session `def` names: the same agent, and messages that only
+/// grow (new ones are stored with the definition that lists them).
+async fn continue_from_file(
+    store: &SqliteStore,
+    store_url: &str,
+    path: &Path,
+    def: &Definition,
+    existing: Versioned<SessionRecord>,
+) -> anyhow::Result<RunnableAgent> {
+    let id = def.session_id();
+    let stored: Definition = serde_json::from_value(existing.value.definition.clone())
+        .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
+    if stored.agent != def.agent || stored.agent_name != def.agent_name {
+        bail!(
+            "session {id} already exists in {store_url} with a different agent; give this one another metadata.name, or continue the stored one with `agents session resume {id}`"
+        );
+    }
+    if !def
+        .spec
+        .messages
+        .starts_with(&existing.value.input.messages)
+    {
+        bail!("session {id}: spec.messages is append-only; the file drops or changes messages the stored session already has");
+    }
+    let agent = with_mcp_tools(
+        def.build(existing.value.created_at, &definition::EnvSecrets)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+    )
+    .await?;
+    if def.spec.messages.len() > existing.value.input.messages.len() {
+        let mut record = existing.value.clone();
+        record.input.messages = def.spec.messages.clone();
+        record.definition = serde_json::to_value(def)?;
+        record.updated_at = now();
+        store
+            .save_session(&record, &existing.version)
+            .await
+            .context("adding the new messages")?;
+    }
+    Ok(agent)
 }
 
 pub async fn resume(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
