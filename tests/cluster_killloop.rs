@@ -126,17 +126,10 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     drop(op);
     let writes_after = support::api_writes();
 
-    // Each session: one continuation (its runAsync call), never two.
-    let conts = kubectl_ok(["get", "continuations", "-n", &ns.name, "-o", "json"]);
-    let conts: serde_json::Value = serde_json::from_str(&conts).unwrap();
-    let mut per_session: BTreeMap<String, usize> = BTreeMap::new();
-    for c in conts["items"].as_array().unwrap() {
-        *per_session
-            .entry(c["spec"]["session"].as_str().unwrap().to_string())
-            .or_default() += 1;
-    }
-    assert_eq!(per_session.len(), SESSIONS, "{per_session:?}");
-    assert!(per_session.values().all(|n| *n == 1), "{per_session:?}");
+    // The runAsync calls are run by the operator itself: across every kill
+    // they cost no Continuation (a kill re-runs them under the same key).
+    let conts = kubectl_ok(["get", "continuations", "-n", &ns.name, "-o", "name"]);
+    assert!(conts.trim().is_empty(), "continuations were made: {conts}");
 
     // Every call's effect arrived under its own stable key: 3 calls per
     // session, 60 distinct keys, each naming its session and call.

@@ -337,6 +337,19 @@ impl TrackedToolCall {
         }
     }
 
+    /// Whether the call is (or was) recorded as a continuation: every
+    /// deferred call is, except a `runAsync` call no one had to approve.
+    /// The driver whose claim the session holds runs that one and records
+    /// its result with the session's own checkpoint, so it costs no
+    /// continuation writes; a crash before that re-runs it under the same
+    /// idempotency key, as a crash before any result would.
+    pub fn has_continuation(&self) -> bool {
+        !matches!(
+            self.policy.disposition,
+            super::policy::Disposition::RunAsync
+        ) || self.policy.decorators.approval
+    }
+
     pub fn deadline(&self) -> Option<Millis> {
         match &self.stage {
             CallStage::Deferred { deadline, .. } => *deadline,

@@ -1002,11 +1002,13 @@ impl Session {
             CallState::Completed
         };
         call.finish(to, result.clone(), "agents")?;
-        self.push_result(Action::RecordResult {
-            token: token.clone(),
-            result: result.clone(),
-            by: "agents".into(),
-        });
+        if call.has_continuation() {
+            self.push_result(Action::RecordResult {
+                token: token.clone(),
+                result: result.clone(),
+                by: "agents".into(),
+            });
+        }
         if let Some(key) = store {
             self.push(Action::StoreCache { key, result });
         }
@@ -1331,7 +1333,7 @@ impl Session {
             return (planned, starts);
         };
         for call in open.calls.iter_mut() {
-            if call.state() == CallState::Deferred && ensure {
+            if call.state() == CallState::Deferred && ensure && call.has_continuation() {
                 planned.extend(ensure_action(id, config, call));
             }
             let secs = call
@@ -1694,6 +1696,9 @@ fn time_out(call: &mut TrackedToolCall, now: Millis) -> Option<Action> {
     let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);
     let result = ToolResult::error(format!("timed out after {secs}s waiting for {what}"));
     call.finish(to, result.clone(), "agents").ok()?;
+    if !call.has_continuation() {
+        return None;
+    }
     Some(Action::RecordResult {
         token: call.token()?.clone(),
         result,

@@ -526,7 +526,7 @@ async fn absorb(
         .open
         .iter()
         .flat_map(|o| o.calls.iter())
-        .filter(|c| c.state() == CallState::Deferred)
+        .filter(|c| c.state() == CallState::Deferred && c.has_continuation())
         .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
         .collect();
     if open.is_empty() {
