@@ -10,7 +10,6 @@ mod support;
 use std::path::Path;
 use std::time::Instant;
 use support::launcher::Operator;
-use support::scratch::Scratch;
 use support::{kubectl, kubectl_ok, TestNamespace, BUSYBOX_IMAGE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -71,10 +70,8 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     let ns = TestNamespace::create(&client, "iso").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
     let mut op = operator(&ns.name, &kubeconfig, &image, "1");
-    let scratch = Scratch::new("iso");
-    let file = scratch.write("iso.yaml", &manifests());
     let started = Instant::now();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests());
     // Wait for the slow tool's Job to exist, then kill the operator under it.
     let mut seen_job = false;
     for _ in 0..60 {
@@ -171,9 +168,7 @@ spec:
       default: runIsolated
 "#
     );
-    let scratch = Scratch::new("isopause");
-    let file = scratch.write("isopause.yaml", &manifest);
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifest);
     let job_of = || {
         let jobs = kubectl_ok([
             "get",

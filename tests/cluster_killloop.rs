@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use support::fake::World;
 use support::launcher::Operator;
 use support::rng::Rng;
-use support::scratch::Scratch;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -77,12 +76,10 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     let ns = TestNamespace::create(&client, "killloop").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
     let (port, keys) = tool_server();
-    let scratch = Scratch::new("kill");
-    let file = scratch.write("kill.yaml", &manifests(port));
     let writes_before = support::api_writes();
     let started = Instant::now();
     let mut op = operator(&ns.name, &kubeconfig, 0);
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests(port));
     for k in 0..KILLS {
         std::thread::sleep(Duration::from_millis(rng.below(600)));
         drop(op); // SIGKILL, by PID, and reaped

@@ -105,7 +105,6 @@ fn agents_ok(ns: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-
 fn wait_condition(ns: &str, session: &str, condition: &str, secs: u32) {
     let out = kubectl([
         "wait",
@@ -166,7 +165,10 @@ impl ToolServer {
             if let Some(secs) = path.strip_prefix("/sleep/") {
                 std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(1)));
             }
-            Response::json(200, serde_json::json!({"path": path, "key": key}).to_string())
+            Response::json(
+                200,
+                serde_json::json!({"path": path, "key": key}).to_string(),
+            )
         });
         ToolServer {
             base: server.url(""),

@@ -9,7 +9,6 @@ mod support;
 use std::sync::{Arc, Mutex};
 use support::http::{Response, Server};
 use support::launcher::Operator;
-use support::scratch::Scratch;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -67,8 +66,6 @@ spec:
               valueFrom: {{secretKeyRef: {{name: weather, key: token}}}}
 "#
     );
-    let scratch = Scratch::new("sec");
-    let file = scratch.write("sec.yaml", &yaml);
     let op = Operator::start(
         BIN,
         &format!("sec-{}", ns.name),
@@ -76,9 +73,12 @@ spec:
         &["-n", &ns.name],
         // The operator's own environment holds a different value: it must
         // never reach the tool.
-        &[("AGENTS_SECRET_WEATHER_TOKEN", "from-the-operator-env".into())],
+        &[(
+            "AGENTS_SECRET_WEATHER_TOKEN",
+            "from-the-operator-env".into(),
+        )],
     );
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &yaml);
     // Not labelled: not usable, and said so as for a Secret that is not there.
     let not_usable = kubectl([
         "wait",

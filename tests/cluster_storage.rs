@@ -96,9 +96,7 @@ async fn a_5mb_result_and_300_turns_succeed_with_every_object_under_1mib() {
     let kubeconfig = support::kubeconfig_path().unwrap();
     let _op = operator(&ns.name, &kubeconfig);
     let port = big_tool();
-    let scratch = Scratch::new("storage");
-    let file = scratch.write("storage.yaml", &manifests(port));
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests(port));
     for s in ["big", "long"] {
         let out = kubectl([
             "wait",

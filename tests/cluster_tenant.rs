@@ -8,15 +8,13 @@ use agents::api::{Continuation, Session};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 use sha2::Digest;
-use std::time::Duration;
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use support::http::{Response, Server};
-use support::{apply, kubectl_ok, wait_until, TestNamespace};
+use support::{apply, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-
 
 const THREE_ASKS: &str = r#"
 apiVersion: agents-exe.io/v1alpha1

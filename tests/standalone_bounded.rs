@@ -18,13 +18,13 @@ mod support;
 use agents::core::{ToolSchema, Turn, UserTurn};
 use agents::model::{ModelRequest, OpenAiModel, MAX_MODEL_REPLY_BYTES};
 use agents::tools::MAX_REPLY_BYTES;
-use support::http::{Response, Server};
-use support::scratch::*;
 use std::io::{Read, Write};
 use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::http::{Response, Server};
+use support::scratch::*;
 
 const MIB: u64 = 1024 * 1024;
 /// What the hostile servers send (or announce).

@@ -6,11 +6,11 @@
 
 mod support;
 
-use support::http::{Response, Server};
-use support::scratch::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::http::{Response, Server};
+use support::scratch::*;
 
 /// A chat-completions server: with no assistant message in the request it
 /// asks for two calls of the `count` tool, then it answers. Counts the

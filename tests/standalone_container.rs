@@ -15,10 +15,10 @@ use agents::core::{
     AppliedPolicy, CallId, ContinuationToken, IsolationSpec, SessionId, ToolCall, ToolResult,
 };
 use agents::runner::container::{container_name, ContainerRunner, Engine};
-use support::scratch::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::engine_cmd;
+use support::scratch::*;
 
 const IMAGE: &str = support::BUSYBOX_IMAGE;
 

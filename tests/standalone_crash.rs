@@ -9,10 +9,10 @@ mod support;
 use agents::core::{Phase, SessionId, SessionState, Turn, WaitingFor};
 use agents::store::sqlite::SqliteStore;
 use agents::store::ContinuationRecord;
-use support::rng::Rng;
-use support::scratch::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use support::rng::Rng;
+use support::scratch::*;
 
 fn definition(log: &str) -> String {
     format!(

@@ -9,11 +9,11 @@ use agents::core::{
     AppliedPolicy, CallId, ContinuationToken, IsolationSpec, SessionId, ToolCall, ToolResult,
 };
 use agents::runner::ProcessRunner;
-use support::scratch::*;
 use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::scratch::*;
 
 const LLM_KEY: &str = "sk-llm-key-must-not-leak";
 const OPENAI_KEY: &str = "sk-openai-key-must-not-leak";

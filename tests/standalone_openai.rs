@@ -15,12 +15,12 @@ use agents::core::conversation::ToolResultEntry;
 use agents::core::{AgentTurn, CallId, ToolResult, ToolSchema, Turn, UserTurn};
 use agents::model::{ModelError, ModelRequest, OpenAiModel, MAX_RETRY_AFTER};
 use serde_json::json;
-use support::http::{Response, Server};
-use support::launcher::free_port;
-use support::scratch::*;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::http::{Response, Server};
+use support::launcher::free_port;
+use support::scratch::*;
 
 struct Seen {
     bodies: Vec<serde_json::Value>,
@@ -69,10 +69,11 @@ fn serve_replies(replies: Vec<Reply>) -> (u16, Arc<Mutex<Seen>>) {
                 .push(req.header("idempotency-key").unwrap_or("").to_string());
         }
         match reply {
-            Reply::Answer(status, headers, body) => headers.into_iter().fold(
-                Response::json(status, body),
-                |r, (name, value)| r.header(name, value),
-            ),
+            Reply::Answer(status, headers, body) => headers
+                .into_iter()
+                .fold(Response::json(status, body), |r, (name, value)| {
+                    r.header(name, value)
+                }),
             Reply::Hang => Response::hang(),
         }
     });

@@ -7,8 +7,8 @@
 //! `turns - 2` ask for `now`, the last one answers "done". A session's user
 //! message is `work <session name>`.
 
-use std::collections::{BTreeMap, BTreeSet};
 use super::http::{Request, Response, Server};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -217,7 +217,11 @@ fn serve(stream: TcpStream, handler: &Handler, record: &Mutex<Vec<Request>>) {
     record.lock().unwrap().push(request.clone());
     let response = handler(&request);
     let mut out = reader.into_inner();
-    let mut head = format!("HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\n",
+        response.status,
+        reason(response.status)
+    );
     for (k, v) in &response.headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
