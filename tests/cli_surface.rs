@@ -1,7 +1,10 @@
 //! The binary's surface: `agents crds` prints the checked-in CRDs, and the
 //! same binary works as the kubectl plugin `kubectl-agents`.
 
+mod support;
+
 use std::process::Command;
+use support::scratch::Scratch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
@@ -19,10 +22,8 @@ fn crds_command_prints_the_checked_in_crds() {
 
 #[test]
 fn works_as_the_kubectl_plugin() {
-    let dir = std::env::temp_dir().join(format!("agents-plugin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let plugin = dir.join("kubectl-agents");
-    let _ = std::fs::remove_file(&plugin);
+    let scratch = Scratch::new("plugin");
+    let plugin = scratch.path("kubectl-agents");
     std::os::unix::fs::symlink(BIN, &plugin).unwrap();
     let out = Command::new(&plugin)
         .args(["session", "--help"])
@@ -44,5 +45,4 @@ fn works_as_the_kubectl_plugin() {
     ] {
         assert!(help.contains(sub), "missing `{sub}` in:\n{help}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,6 +10,7 @@ mod support;
 use serde_json::{json, Value};
 use std::process::{Command, Output};
 use std::time::Duration;
+use support::scratch::Scratch;
 use support::{kubectl, kubectl_ok, ClusterScoped, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -152,9 +153,7 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
             "templates/approvals-policy.yaml",
         ],
     );
-    let file = std::env::temp_dir().join(format!("agents-{}-approvals.yaml", ns.name));
-    std::fs::write(&file, manifests).unwrap();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests);
     let bind = |name: &str, clusterrole: &str, subjects: &[&str]| {
         let mut args = vec!["create", "rolebinding", name, "-n", &ns.name];
         let role = format!("--clusterrole={release}-{clusterrole}");
@@ -185,15 +184,7 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
     );
     // The policy takes a moment to be enforced after it is created.
     std::thread::sleep(Duration::from_secs(2));
-    let session_file = std::env::temp_dir().join(format!("agents-{}-guarded.yaml", ns.name));
-    std::fs::write(&session_file, SESSION).unwrap();
-    kubectl_ok([
-        "apply",
-        "-n",
-        &ns.name,
-        "-f",
-        session_file.to_str().unwrap(),
-    ]);
+    support::apply(&ns.name, SESSION);
     let operator_config =
         support::service_account_kubeconfig(&ns.name, &format!("{release}-operator"));
     let _op = support::launcher::Operator::start(
@@ -237,8 +228,8 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
     // quorum of two, the call still waits.
     let manager = support::service_account_kubeconfig(&ns.name, "release-manager");
     // deploy takes no edits: the CLI says so before writing anything.
-    let args_file = std::env::temp_dir().join(format!("agents-{}-args.json", ns.name));
-    std::fs::write(&args_file, r#"{"to": "staging"}"#).unwrap();
+    let scratch = Scratch::new("approvals");
+    let args_file = scratch.write("args.json", r#"{"to": "staging"}"#);
     let out = Command::new(BIN)
         .args([
             "session", "approve", deploy, "--store", "kube", "-n", &ns.name,

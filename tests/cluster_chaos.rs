@@ -24,7 +24,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use support::fake::World;
-use support::{kubectl, kubectl_ok, TestNamespace};
+use support::{apply, kubectl, kubectl_ok, TestNamespace};
 
 /// The operator of this checkout.
 struct Operator(support::launcher::Operator);
@@ -113,14 +113,6 @@ spec:
       - {{tool: later, disposition: runAsync}}
 "#
     )
-}
-
-fn apply(ns: &str, yaml: &str) {
-    let file =
-        std::env::temp_dir().join(format!("agents-chaos-{ns}-{}.yaml", uuid::Uuid::new_v4()));
-    std::fs::write(&file, yaml).unwrap();
-    kubectl_ok(["apply", "-n", ns, "-f", file.to_str().unwrap()]);
-    let _ = std::fs::remove_file(file);
 }
 
 /// Creates sessions `prefix0..prefixN` that ask the world; returns names.

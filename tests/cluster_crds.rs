@@ -16,6 +16,7 @@ use agents::core::session::ContinuationSpec as CoreContinuationSpec;
 use agents::core::*;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::scratch::Scratch;
 use support::TestNamespace;
 
 fn quickstart() -> Session {
@@ -462,15 +463,6 @@ async fn a_success_result_waits_for_the_approval() {
     ns.delete(&client).await;
 }
 
-/// A Session manifest file for kubectl, in a fresh temporary directory.
-fn manifest(ns: &str, name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("agents-crd-{ns}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 const AGENT: &str = r#"
 apiVersion: agents-exe.io/v1alpha1
 kind: Agent
@@ -489,7 +481,8 @@ async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "crd-kubectl").await;
     // Its own discovery cache, so no stale category from an older CRD.
-    let cache = std::env::temp_dir().join(format!("agents-crd-{}-cache", ns.name));
+    let scratch = Scratch::new("crd");
+    let cache = scratch.path("cache");
     let cache_dir = format!("--cache-dir={}", cache.display());
     let quickstart = include_str!("../examples/quickstart.yaml");
 
@@ -510,7 +503,7 @@ async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
             _ => quickstart.replace(typo, &format!("{typo}\n          aproval: true")),
         };
         assert_ne!(bad, quickstart);
-        let file = manifest(&ns.name, "typo.yaml", &bad);
+        let file = scratch.write("typo.yaml", &bad);
         let out = support::kubectl([
             "apply",
             "-n",
@@ -530,7 +523,7 @@ async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
     assert!(sessions.get_opt("quickstart").await.unwrap().is_none());
 
     // The valid Session and an Agent apply.
-    let file = manifest(&ns.name, "quickstart.yaml", quickstart);
+    let file = scratch.write("quickstart.yaml", quickstart);
     support::kubectl_ok([
         "apply",
         "-n",
@@ -539,7 +532,7 @@ async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
         "-f",
         file.to_str().unwrap(),
     ]);
-    let file = manifest(&ns.name, "agent.yaml", AGENT);
+    let file = scratch.write("agent.yaml", AGENT);
     support::kubectl_ok([
         "apply",
         "-n",
@@ -573,8 +566,6 @@ async fn kubectl_refuses_typos_and_lists_kinds_by_category() {
             "session.agents-exe.io/quickstart".to_string(),
         ]
     );
-    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("agents-crd-{}", ns.name)));
-    let _ = std::fs::remove_dir_all(&cache);
     ns.delete(&client).await;
 }
 

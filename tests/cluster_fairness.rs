@@ -47,9 +47,7 @@ impl Release {
                 "templates/flowcontrol.yaml",
             ],
         );
-        let file = std::env::temp_dir().join(format!("agents-{name}-release.yaml"));
-        std::fs::write(&file, manifests).unwrap();
-        kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+        support::apply(&ns.name, &manifests);
         kubectl_ok([
             "create",
             "rolebinding",
@@ -75,9 +73,7 @@ impl Release {
     }
 
     fn apply_sessions(&self, port: u16, sessions: usize) {
-        let file = std::env::temp_dir().join(format!("agents-{}-sessions.yaml", self.name));
-        std::fs::write(&file, manifests(port, sessions)).unwrap();
-        kubectl_ok(["apply", "-n", &self.ns.name, "-f", file.to_str().unwrap()]);
+        support::apply(&self.ns.name, &manifests(port, sessions));
     }
 
     fn wait_all_succeeded(&self, timeout: &str) {

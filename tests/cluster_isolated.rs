@@ -8,46 +8,20 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
+use support::launcher::Operator;
 use support::{kubectl, kubectl_ok, TestNamespace, BUSYBOX_IMAGE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
-struct Operator(Child);
-
-impl Operator {
-    fn start(ns: &str, kubeconfig: &Path, image: &str, tag: &str) -> Operator {
-        let log = std::env::temp_dir().join(format!("agents-operator-{ns}-{tag}.log"));
-        Operator(
-            Command::new(BIN)
-                .args([
-                    "operator",
-                    "-n",
-                    ns,
-                    "--agents-image",
-                    image,
-                    "--metrics-addr",
-                    "127.0.0.1:0",
-                ])
-                .env("KUBECONFIG", kubeconfig)
-                .env("RUST_LOG", "info,kube=warn")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(log).unwrap())
-                .spawn()
-                .unwrap(),
-        )
-    }
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn operator(ns: &str, kubeconfig: &Path, image: &str, tag: &str) -> Operator {
+    Operator::start(
+        BIN,
+        &format!("{ns}-{tag}"),
+        kubeconfig,
+        &["-n", ns, "--agents-image", image],
+        &[],
+    )
 }
 
 fn manifests() -> String {
@@ -95,11 +69,9 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "iso").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
-    let mut op = Operator::start(&ns.name, &kubeconfig, &image, "1");
-    let file = std::env::temp_dir().join(format!("agents-iso-{}.yaml", ns.name));
-    std::fs::write(&file, manifests()).unwrap();
+    let mut op = operator(&ns.name, &kubeconfig, &image, "1");
     let started = Instant::now();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests());
     // Wait for the slow tool's Job to exist, then kill the operator under it.
     let mut seen_job = false;
     for _ in 0..60 {
@@ -113,7 +85,7 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     assert!(seen_job, "a Job for iso-t1-c0 appeared");
     op.kill();
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let _op = Operator::start(&ns.name, &kubeconfig, &image, "2");
+    let _op = operator(&ns.name, &kubeconfig, &image, "2");
     let out = kubectl([
         "wait",
         "-n",
@@ -172,7 +144,7 @@ async fn a_job_that_ends_while_paused_has_its_result_kept() {
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "isopause").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
-    let _op = Operator::start(&ns.name, &kubeconfig, &image, "pause");
+    let _op = operator(&ns.name, &kubeconfig, &image, "pause");
     let manifest = format!(
         r#"
 apiVersion: agents-exe.io/v1alpha1
@@ -196,9 +168,7 @@ spec:
       default: runIsolated
 "#
     );
-    let file = std::env::temp_dir().join(format!("agents-isopause-{}.yaml", ns.name));
-    std::fs::write(&file, manifest).unwrap();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifest);
     let job_of = || {
         let jobs = kubectl_ok([
             "get",

@@ -88,24 +88,19 @@ fn error_of(r: &ToolResult) -> String {
 // ---------------------------------------------------------------------------
 // The wrapper, locally: the same binary the pods run.
 
-struct Scratch(PathBuf);
+/// A scratch directory for one run of the wrapper.
+struct Scratch(support::scratch::Scratch);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "agents-tool-exec-{name}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
+        Scratch(support::scratch::Scratch::new(&format!("tool-exec-{name}")))
     }
     fn envelope(&self, env: &CallEnvelope) -> PathBuf {
-        let p = self.0.join("envelope.json");
-        std::fs::write(&p, serde_json::to_string(env).unwrap()).unwrap();
-        p
+        self.0
+            .write("envelope.json", &serde_json::to_string(env).unwrap())
     }
     fn termination_log(&self) -> PathBuf {
-        self.0.join("termination-log")
+        self.0.path("termination-log")
     }
     fn wrap(&self, env: &CallEnvelope, tool: &[&str]) -> Command {
         let mut c = Command::new(BIN);
@@ -119,12 +114,6 @@ impl Scratch {
     }
     fn message(&self) -> String {
         std::fs::read_to_string(self.termination_log()).unwrap()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -273,7 +262,7 @@ fn wrapper_forwards_sigterm_to_the_tool_and_reports_it() {
 #[test]
 fn wrapper_installs_itself() {
     let s = Scratch::new("install");
-    let target = s.0.join("agents");
+    let target = s.0.path("agents");
     let out = Command::new(BIN)
         .args(["tool-exec", "--install-to"])
         .arg(&target)
@@ -985,12 +974,9 @@ async fn the_charts_egress_deny_policy_selects_tool_pods() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dir = std::env::temp_dir().join(format!("netpol-{}", f.ns.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("netpol.yaml");
-    std::fs::write(&file, &out.stdout).unwrap();
+    let scratch = support::scratch::Scratch::new("netpol");
+    let file = scratch.write("netpol.yaml", &String::from_utf8(out.stdout).unwrap());
     support::kubectl_ok(["apply", "-f", file.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).unwrap();
     let policy = support::kubectl_ok([
         "get",
         "networkpolicy",

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use support::fake::World;
 use support::launcher::Operator;
+use support::rng::Rng;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -65,43 +66,20 @@ spec:
     out
 }
 
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     let Some(client) = support::cluster().await else {
         return;
     };
     support::install_crds(&client).await;
-    let seed = std::env::var("AGENTS_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("AGENTS_TEST_SEED={seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env_or_time();
     let ns = TestNamespace::create(&client, "killloop").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
     let (port, keys) = tool_server();
-    let file = std::env::temp_dir().join(format!("agents-kill-{}.yaml", ns.name));
-    std::fs::write(&file, manifests(port)).unwrap();
     let writes_before = support::api_writes();
     let started = Instant::now();
     let mut op = operator(&ns.name, &kubeconfig, 0);
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests(port));
     for k in 0..KILLS {
         std::thread::sleep(Duration::from_millis(rng.below(600)));
         drop(op); // SIGKILL, by PID, and reaped

@@ -8,91 +8,56 @@
 mod support;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use support::http::{Request, Response, Server};
 use support::{kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const SECRET_VALUE: &str = "hook-s3cret-0a9f";
 
-/// One request the receiver got.
+/// One request the receiver got, its body as JSON.
 #[derive(Clone, Debug)]
 struct Received {
-    headers: Vec<(String, String)>,
+    request: Request,
     body: Value,
 }
 
 impl Received {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.request.header(name)
     }
 }
 
 /// A loopback HTTP server that records every request and answers with
 /// `status`.
 struct Receiver {
-    port: u16,
-    got: Arc<Mutex<Vec<Received>>>,
+    server: Server,
     status: Arc<AtomicU16>,
 }
 
 impl Receiver {
     fn start(status: u16) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let got = Arc::new(Mutex::new(Vec::new()));
         let status = Arc::new(AtomicU16::new(status));
-        let (g, s) = (got.clone(), status.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    continue;
-                }
-                let mut headers = Vec::new();
-                let mut length = 0usize;
-                loop {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                    if let Some((k, v)) = h.trim_end().split_once(':') {
-                        let (k, v) = (k.trim().to_string(), v.trim().to_string());
-                        if k.eq_ignore_ascii_case("content-length") {
-                            length = v.parse().unwrap_or(0);
-                        }
-                        headers.push((k, v));
-                    }
-                }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
-                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                g.lock().unwrap().push(Received { headers, body });
-                let code = s.load(Ordering::SeqCst);
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {code} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-                );
-            }
-        });
-        Receiver { port, got, status }
+        let s = status.clone();
+        let server = Server::start(move |_| Response::new(s.load(Ordering::SeqCst), "ok"));
+        Receiver { server, status }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/hook", self.port)
+        self.server.url("/hook")
     }
 
     fn requests(&self) -> Vec<Received> {
-        self.got.lock().unwrap().clone()
+        self.server
+            .requests()
+            .into_iter()
+            .map(|request| Received {
+                body: request.json(),
+                request,
+            })
+            .collect()
     }
 }
 
@@ -126,13 +91,6 @@ spec:
 {rules}
 "#
     )
-}
-
-fn apply(ns: &str, name: &str, yaml: &str) {
-    let file = std::env::temp_dir().join(format!("agents-{ns}-{name}.yaml"));
-    std::fs::write(&file, yaml).unwrap();
-    kubectl_ok(["apply", "-n", ns, "-f", file.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&file);
 }
 
 fn labelled_secret(ns: &str) {
@@ -196,9 +154,8 @@ async fn each_wait_is_notified_once_across_a_restart() {
     let ns = TestNamespace::create(&client, "notify").await;
     let hook = Receiver::start(200);
     labelled_secret(&ns.name);
-    apply(
+    support::apply(
         &ns.name,
-        "waits",
         &session(
             "waits",
             &hook.url(),
@@ -294,9 +251,8 @@ async fn a_failing_webhook_is_retried_up_to_the_cap_then_given_up() {
     let ns = TestNamespace::create(&client, "notify-fail").await;
     let hook = Receiver::start(500);
     labelled_secret(&ns.name);
-    apply(
+    support::apply(
         &ns.name,
-        "failing",
         &session(
             "failing",
             &hook.url(),

@@ -18,13 +18,13 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{kubectl, kubectl_ok, wait_until, TestNamespace};
+use support::http::{Response, Server};
+use support::launcher;
+use support::{apply, kubectl, kubectl_ok, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
@@ -32,11 +32,9 @@ fn kubeconfig() -> PathBuf {
     support::kubeconfig_path().expect("the test cluster's kubeconfig")
 }
 
-/// `agents operator -n NS` as a child process; SIGKILLed when dropped.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
+/// `agents operator -n NS` as a child process (the shared launcher);
+/// SIGKILLed when dropped, its log removed unless the test failed.
+struct Operator(launcher::Operator);
 
 impl Operator {
     fn start(ns: &str, kubeconfig: &Path, tag: &str) -> Operator {
@@ -45,31 +43,23 @@ impl Operator {
 
     /// `agents operator -n NS1 -n NS2 ...`.
     fn start_watching(namespaces: &[&str], kubeconfig: &Path, tag: &str) -> Operator {
-        let log = std::env::temp_dir().join(format!("agents-operator-{}-{tag}.log", namespaces[0]));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .arg("operator")
-            .args(namespaces.iter().flat_map(|ns| ["-n", ns]))
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .env_remove("AGENTS_STORE")
-            .env_remove("AGENTS_NAMESPACE")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start agents operator");
-        Operator { child, log }
+        let args: Vec<&str> = namespaces.iter().flat_map(|ns| ["-n", *ns]).collect();
+        let name = format!("{}-{tag}", namespaces[0]);
+        Operator(launcher::Operator::start(
+            BIN,
+            &name,
+            kubeconfig,
+            &args,
+            &[],
+        ))
     }
 
-    /// SIGKILL, by PID (`Child::kill` sends SIGKILL on Unix).
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.kill();
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.log_text()
     }
 }
 
@@ -78,7 +68,7 @@ impl Drop for Operator {
         self.kill();
         // Kept when the test fails: it tells what the operator did.
         if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
+            let _ = std::fs::remove_file(&self.0.log);
         }
     }
 }
@@ -113,16 +103,6 @@ fn agents_ok(ns: &str, args: &[&str]) -> String {
     let o = agents(ns, args);
     assert!(o.status.success(), "agents {args:?}: {}", text(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn apply(ns: &str, yaml: &str) {
-    let path = std::env::temp_dir().join(format!(
-        "agents-op-{ns}-{}.yaml",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::write(&path, yaml).unwrap();
-    kubectl_ok(["apply", "-n", ns, "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(path);
 }
 
 fn wait_condition(ns: &str, session: &str, condition: &str, secs: u32) {
@@ -174,70 +154,31 @@ struct ToolServer {
 
 impl ToolServer {
     fn start() -> ToolServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
         let keys: Arc<Mutex<HashMap<String, usize>>> = Default::default();
         let counted = keys.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let counted = counted.clone();
-                std::thread::spawn(move || serve(stream, counted));
+        let server = Server::start(move |req| {
+            let (path, key) = (&req.path, req.header("idempotency-key").unwrap_or(""));
+            *counted.lock().unwrap().entry(key.to_string()).or_insert(0) += 1;
+            if path.starts_with("/slow") {
+                std::thread::sleep(Duration::from_secs(60));
             }
+            if let Some(secs) = path.strip_prefix("/sleep/") {
+                std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(1)));
+            }
+            Response::json(
+                200,
+                serde_json::json!({"path": path, "key": key}).to_string(),
+            )
         });
-        ToolServer { base, keys }
+        ToolServer {
+            base: server.url(""),
+            keys,
+        }
     }
 
     fn keys(&self) -> HashMap<String, usize> {
         self.keys.lock().unwrap().clone()
     }
-}
-
-fn serve(stream: TcpStream, keys: Arc<Mutex<HashMap<String, usize>>>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("/")
-        .to_string();
-    let mut length = 0usize;
-    let mut key = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            match name.trim().to_ascii_lowercase().as_str() {
-                "content-length" => length = value.trim().parse().unwrap_or(0),
-                "idempotency-key" => key = value.trim().to_string(),
-                _ => {}
-            }
-        }
-    }
-    let mut body = vec![0u8; length];
-    let _ = reader.read_exact(&mut body);
-    *keys.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
-    if path.starts_with("/slow") {
-        std::thread::sleep(Duration::from_secs(60));
-    }
-    if let Some(secs) = path.strip_prefix("/sleep/") {
-        std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(1)));
-    }
-    let reply = serde_json::json!({"path": path, "key": key}).to_string();
-    let mut stream = stream;
-    let _ = write!(
-        stream,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
 }
 
 /// Instants at which the test's own watches saw a continuation's result
@@ -1310,60 +1251,23 @@ struct ChatServer {
 
 impl ChatServer {
     fn start() -> ChatServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = format!("http://{}/v1", listener.local_addr().unwrap());
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let auth: Arc<Mutex<Vec<String>>> = Default::default();
         let (f, a) = (failing.clone(), auth.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let (f, a) = (f.clone(), a.clone());
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut length = 0usize;
-                    let mut authorization = String::new();
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let line = line.trim_end();
-                        if line.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = line.split_once(':') {
-                            match name.trim().to_ascii_lowercase().as_str() {
-                                "content-length" => length = value.trim().parse().unwrap_or(0),
-                                "authorization" => authorization = value.trim().to_string(),
-                                _ => {}
-                            }
-                        }
-                    }
-                    let mut body = vec![0u8; length];
-                    let _ = reader.read_exact(&mut body);
-                    a.lock().unwrap().push(authorization);
-                    let (status, reply) = if f.load(std::sync::atomic::Ordering::SeqCst) {
-                        (
-                            "503 Service Unavailable",
-                            r#"{"error":{"message":"overloaded"}}"#.to_string(),
-                        )
-                    } else {
-                        ("200 OK", serde_json::json!({
-                            "choices": [{"message": {"role": "assistant", "content": "hello from the fake"}, "finish_reason": "stop"}],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": 4}
-                        }).to_string())
-                    };
-                    let mut stream = stream;
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                        reply.len()
-                    );
-                });
+        let server = Server::start(move |req| {
+            let authorization = req.header("authorization").unwrap_or("").to_string();
+            a.lock().unwrap().push(authorization);
+            if f.load(std::sync::atomic::Ordering::SeqCst) {
+                Response::json(503, r#"{"error":{"message":"overloaded"}}"#)
+            } else {
+                Response::json(200, serde_json::json!({
+                    "choices": [{"message": {"role": "assistant", "content": "hello from the fake"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 4}
+                }).to_string())
             }
         });
         ChatServer {
-            base,
+            base: server.url("/v1"),
             failing,
             auth,
         }

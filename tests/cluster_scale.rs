@@ -95,17 +95,7 @@ spec:
 "#;
 
 fn apply(ns: &str, yaml: &str) {
-    let path = std::env::temp_dir().join(format!("agents-scale-{ns}-{}.yaml", yaml.len()));
-    std::fs::write(&path, yaml).unwrap();
-    kubectl_ok([
-        "apply",
-        "--server-side",
-        "-n",
-        ns,
-        "-f",
-        path.to_str().unwrap(),
-    ]);
-    let _ = std::fs::remove_file(path);
+    support::apply_with(ns, yaml, &["--server-side"]);
 }
 
 fn rss_mib(pid: i32) -> f64 {

@@ -6,53 +6,23 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use support::http::{Response, Server};
+use support::launcher::Operator;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
 /// Records the `X-Api-Token` header of each request.
 fn tool_server() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let mut reader = BufReader::new(stream);
-            let (mut len, mut token) = (0, String::new());
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                if lower.starts_with("x-api-token:") {
-                    token = line["x-api-token:".len()..].trim().to_string();
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut buf = vec![0; len];
-            let _ = reader.read_exact(&mut buf);
-            record.lock().unwrap().push(token);
-            let body = r#"{"ok":true}"#;
-            let _ = write!(
-                reader.into_inner(),
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
+    let server = Server::start(move |req| {
+        let token = req.header("x-api-token").unwrap_or("").to_string();
+        record.lock().unwrap().push(token);
+        Response::new(200, r#"{"ok":true}"#)
     });
-    (port, seen)
+    (server.port, seen)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,19 +66,19 @@ spec:
               valueFrom: {{secretKeyRef: {{name: weather, key: token}}}}
 "#
     );
-    let file = std::env::temp_dir().join(format!("agents-sec-{}.yaml", ns.name));
-    std::fs::write(&file, yaml).unwrap();
-    let mut op = Command::new(BIN)
-        .args(["operator", "-n", &ns.name, "--metrics-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", &kubeconfig)
+    let op = Operator::start(
+        BIN,
+        &format!("sec-{}", ns.name),
+        &kubeconfig,
+        &["-n", &ns.name],
         // The operator's own environment holds a different value: it must
         // never reach the tool.
-        .env("AGENTS_SECRET_WEATHER_TOKEN", "from-the-operator-env")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+        &[(
+            "AGENTS_SECRET_WEATHER_TOKEN",
+            "from-the-operator-env".into(),
+        )],
+    );
+    support::apply(&ns.name, &yaml);
     // Not labelled: not usable, and said so as for a Secret that is not there.
     let not_usable = kubectl([
         "wait",
@@ -143,8 +113,7 @@ spec:
         "session/sec",
         "--timeout=60s",
     ]);
-    let _ = op.kill();
-    let _ = op.wait();
+    drop(op);
     assert!(
         out.status.success(),
         "{}",

@@ -7,37 +7,19 @@
 mod support;
 
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+use support::http::{Response, Server};
+use support::launcher::Operator;
+use support::scratch::Scratch;
 use support::{kubectl, kubectl_ok, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const BIG: usize = 5 * 1024 * 1024;
 const TURNS: usize = 300;
 
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn operator(ns: &str, kubeconfig: &Path) -> Operator {
-    let log = std::env::temp_dir().join(format!("agents-operator-{ns}.log"));
-    Operator(
-        Command::new(BIN)
-            .args(["operator", "-n", ns, "--metrics-addr", "127.0.0.1:0"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
+    Operator::start(BIN, ns, kubeconfig, &["-n", ns], &[])
 }
 
 /// At least `n` bytes of barely compressible hex text, one per `seed`.
@@ -56,38 +38,9 @@ fn noise(seed: u64, n: usize) -> String {
 /// An HTTP tool answering every POST with a 5 MB JSON document of
 /// barely compressible text.
 fn big_tool() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let text = noise(0x9e37_79b9_7f4a_7c15, BIG);
     let body = serde_json::json!({ "dump": text }).to_string();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let mut reader = BufReader::new(stream);
-            let mut len = 0;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut buf = vec![0; len];
-            let _ = reader.read_exact(&mut buf);
-            let mut stream = reader.into_inner();
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    port
+    Server::start(move |_| Response::json(200, body.clone())).port
 }
 
 fn manifests(port: u16) -> String {
@@ -143,9 +96,7 @@ async fn a_5mb_result_and_300_turns_succeed_with_every_object_under_1mib() {
     let kubeconfig = support::kubeconfig_path().unwrap();
     let _op = operator(&ns.name, &kubeconfig);
     let port = big_tool();
-    let file = std::env::temp_dir().join(format!("agents-storage-{}.yaml", ns.name));
-    std::fs::write(&file, manifests(port)).unwrap();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests(port));
     for s in ["big", "long"] {
         let out = kubectl([
             "wait",
@@ -317,7 +268,8 @@ async fn wait_succeeded(ns: &str, session: &str) {
 /// The Agent and a Session using it, created (not applied: no 1.2 MB
 /// last-applied annotation).
 fn create_chatty(ns: &str) {
-    let file = std::env::temp_dir().join(format!("agents-storage-{ns}.json"));
+    let scratch = Scratch::new("storage");
+    let file = scratch.path("object.json");
     let session = json!({
         "apiVersion": "agents-exe.io/v1alpha1",
         "kind": "Session",

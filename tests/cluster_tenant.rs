@@ -8,16 +8,13 @@ use agents::api::{Continuation, Session};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 use sha2::Digest;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{kubectl_ok, wait_until, TestNamespace};
+use support::http::{Response, Server};
+use support::{apply, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-
-fn apply(ns: &str, yaml: &str) {
-    let path = std::env::temp_dir().join(format!("agents-tenant-{ns}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    kubectl_ok(["apply", "-n", ns, "-f", path.to_str().unwrap()]);
-}
 
 const THREE_ASKS: &str = r#"
 apiVersion: agents-exe.io/v1alpha1
@@ -257,39 +254,22 @@ async fn spec_edits_carry_the_version_they_read() {
 /// Serves one 1 GiB reply per request, with no `Content-Length` (it ends
 /// when the connection does), the bytes made as they are sent, until the
 /// client hangs up.
-fn gigabyte_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
-    use std::io::{BufRead, BufReader, Write};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let sent = std::sync::Arc::new(AtomicU64::new(0));
+fn gigabyte_server() -> (u16, Arc<AtomicU64>) {
+    let sent = Arc::new(AtomicU64::new(0));
     let counted = sent.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let counted = counted.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    line.clear();
-                }
-                let mut out = reader.into_inner();
-                let head =
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n";
-                if out.write_all(head.as_bytes()).is_err() {
-                    return;
-                }
-                let chunk = vec![b'x'; 64 * 1024];
-                for _ in 0..(1 << 14) {
-                    if out.write_all(&chunk).is_err() {
-                        return;
-                    }
-                    counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                }
-            });
-        }
+    let server = Server::start(move |_| {
+        let counted = counted.clone();
+        Response::stream(200, false, move |out| {
+            let chunk = vec![b'x'; 64 * 1024];
+            for _ in 0..(1 << 14) {
+                out.write_all(&chunk)?;
+                counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+        .header("Content-Type", "text/plain")
     });
-    (port, sent)
+    (server.port, sent)
 }
 
 fn peak_rss_mib(pid: i32) -> u64 {
@@ -366,7 +346,7 @@ spec:
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let streamed = sent.load(std::sync::atomic::Ordering::Relaxed) >> 20;
+    let streamed = sent.load(Ordering::Relaxed) >> 20;
     eprintln!("operator peak RSS {peak} MiB; the server got {streamed} MiB out before the operator hung up");
     assert!(message.contains("bytes"), "{message}");
     assert_eq!(calm["answer"], "heard from all three");
@@ -502,38 +482,18 @@ async fn a_session_that_cannot_go_on_fails_saying_why() {
 /// A loopback HTTP server that records the path of every request it gets:
 /// `/allowed/bounce` answers with a same-origin redirect to `/elsewhere`,
 /// anything else with `200 ok`.
-fn recording_server() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+fn recording_server() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let paths = Arc::new(Mutex::new(Vec::new()));
     let seen = paths.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream);
-            let mut first = String::new();
-            let _ = reader.read_line(&mut first);
-            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
-            let mut length = 0;
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                line.clear();
-            }
-            let mut body = vec![0; length];
-            let _ = reader.read_exact(&mut body);
-            seen.lock().unwrap().push(path.clone());
-            let reply = if path == "/allowed/bounce" {
-                "HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            } else {
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-            };
-            let _ = reader.into_inner().write_all(reply.as_bytes());
+    let server = Server::start(move |req| {
+        seen.lock().unwrap().push(req.path.clone());
+        if req.path == "/allowed/bounce" {
+            Response::new(307, "").header("Location", "/elsewhere")
+        } else {
+            Response::text(200, "ok")
         }
     });
-    (port, paths)
+    (server.port, paths)
 }
 
 /// The operator's allow-list of http tool URLs (`--http-tool-allowed-urls`)

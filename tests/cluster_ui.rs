@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -43,11 +42,7 @@ struct Page {
 
 impl Page {
     fn start(kubeconfig: &Path, ns: &str) -> Page {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::launcher::free_port();
         let mut child = Command::new(BIN)
             .args(["ui", "--addr", &format!("127.0.0.1:{port}"), "-n", ns])
             .env("KUBECONFIG", kubeconfig)
@@ -110,11 +105,7 @@ async fn a_click_on_the_page_approves_and_a_user_without_rights_sees_the_refusal
     }
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "ui").await;
-    let apply = |name: &str| {
-        let file = std::env::temp_dir().join(format!("agents-{}-{name}.yaml", ns.name));
-        std::fs::write(&file, SESSION.replace("NAME", name)).unwrap();
-        kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
-    };
+    let apply = |name: &str| support::apply(&ns.name, &SESSION.replace("NAME", name));
     apply("post");
     apply("other");
     let admin = support::kubeconfig_path().unwrap();

@@ -66,11 +66,9 @@ async fn api_writes_per_call_of_the_requested_flow() {
     let ns = TestNamespace::create(&client, "writes").await;
     let kubeconfig = support::kubeconfig_path().unwrap();
     let (port, keys) = tool_server();
-    let file = std::env::temp_dir().join(format!("agents-writes-{}.yaml", ns.name));
-    std::fs::write(&file, manifests(port)).unwrap();
     let op = operator(&ns.name, &kubeconfig, 0);
     let before = support::api_writes();
-    kubectl_ok(["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    support::apply(&ns.name, &manifests(port));
     let mut waiting = false;
     for _ in 0..120 {
         let phase = kubectl_ok([

@@ -2,6 +2,8 @@
 //! that lost its Lease while paused) commits nothing new and starts no
 //! work; with the fence open the same step calls the model.
 
+mod support;
+
 use agents::core::{AgentTurn, Millis, SessionConfig, SessionId, SessionState};
 use agents::engine::holder::Fence;
 use agents::engine::{
@@ -14,6 +16,7 @@ use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use support::scratch::Scratch;
 
 #[derive(Default)]
 struct CountingModel {
@@ -72,9 +75,8 @@ impl Fence for Switch {
 
 #[tokio::test]
 async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
-    let dir = std::env::temp_dir().join(format!("agents-fence-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = SqliteStore::open(dir.join("s.db")).unwrap();
+    let scratch = Scratch::new("fence");
+    let store = SqliteStore::open(scratch.path("s.db")).unwrap();
     let id = SessionId("fenced".into());
     store
         .create_session(SessionRecord {
@@ -132,5 +134,4 @@ async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
         "{:?}",
         report.outcome
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,18 +13,18 @@
 //! - At the adapter (`OpenAiModel`): a redirect to another host and a huge
 //!   error body.
 
-mod standalone_common;
+mod support;
 
 use agents::core::{ToolSchema, Turn, UserTurn};
 use agents::model::{ModelRequest, OpenAiModel, MAX_MODEL_REPLY_BYTES};
 use agents::tools::MAX_REPLY_BYTES;
-use standalone_common::*;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
 use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::http::{Response, Server};
+use support::scratch::*;
 
 const MIB: u64 = 1024 * 1024;
 /// What the hostile servers send (or announce).
@@ -57,117 +57,48 @@ enum Answer {
 /// A server on 127.0.0.1 answering every request by `route(path)`; one
 /// thread per connection.
 fn serve(route: impl Fn(&str) -> Answer + Send + Sync + 'static) -> (u16, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Seen::default());
-    let (record, route) = (seen.clone(), Arc::new(route));
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (record, route) = (record.clone(), route.clone());
-            std::thread::spawn(move || answer(stream, &*route, &record));
-        }
+    let record = seen.clone();
+    let server = Server::start(move |req| {
+        let headers: String = req
+            .headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n").to_ascii_lowercase())
+            .collect();
+        record
+            .requests
+            .lock()
+            .unwrap()
+            .push((req.path.clone(), headers));
+        answer(route(&req.path), record.clone())
     });
-    (port, seen)
+    (server.port, seen)
 }
 
-fn answer(stream: TcpStream, route: &dyn Fn(&str) -> Answer, seen: &Seen) {
-    let mut reader = BufReader::new(stream);
-    let mut first = String::new();
-    if reader.read_line(&mut first).unwrap_or(0) == 0 {
-        return;
-    }
-    let (mut len, mut headers) = (0, String::new());
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let lower = line.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
-        }
-        headers.push_str(&lower);
-    }
-    let mut body = vec![0; len];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
-    let path = first.split_whitespace().nth(1).unwrap_or("/").to_string();
-    seen.requests
-        .lock()
-        .unwrap()
-        .push((path.clone(), headers.clone()));
-    let mut out = reader.into_inner();
-    let head = |status: u16, extra: &str| {
-        format!("HTTP/1.1 {status} X\r\n{extra}Connection: close\r\n\r\n")
-    };
+fn answer(answer: Answer, seen: Arc<Seen>) -> Response {
     // 64 KiB of filler, written until the total or until the peer hangs up.
-    let stream_filler = |out: &mut TcpStream, chunked: bool| {
+    let filler = move |out: &mut dyn Write| {
         let filler = vec![b'x'; 64 * 1024];
         let mut left = HUGE;
         while left > 0 {
             let n = left.min(filler.len() as u64) as usize;
-            let ok = if chunked {
-                write!(out, "{n:x}\r\n").is_ok()
-                    && out.write_all(&filler[..n]).is_ok()
-                    && out.write_all(b"\r\n").is_ok()
-            } else {
-                out.write_all(&filler[..n]).is_ok()
-            };
-            if !ok {
-                return;
-            }
+            out.write_all(&filler[..n])?;
             seen.sent.fetch_add(n as u64, Ordering::Relaxed);
             left -= n as u64;
         }
-        if chunked {
-            let _ = out.write_all(b"0\r\n\r\n");
-        }
+        Ok(())
     };
-    match route(&path) {
+    match answer {
         Answer::Small(status, content_type, body) => {
-            let _ = write!(
-                out,
-                "{}{body}",
-                head(
-                    status,
-                    &format!(
-                        "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
-                        body.len()
-                    )
-                )
-            );
+            Response::new(status, body).header("Content-Type", content_type)
         }
         Answer::Chunked(status, content_type) => {
-            let h = head(
-                status,
-                &format!("Content-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n"),
-            );
-            if out.write_all(h.as_bytes()).is_ok() {
-                stream_filler(&mut out, true);
-            }
+            Response::stream(status, true, filler).header("Content-Type", content_type)
         }
-        Answer::Announced(status, content_type) => {
-            let h = head(
-                status,
-                &format!("Content-Type: {content_type}\r\nContent-Length: {HUGE}\r\n"),
-            );
-            if out.write_all(h.as_bytes()).is_ok() {
-                stream_filler(&mut out, false);
-            }
-        }
-        Answer::Redirect(location) => {
-            let _ = out.write_all(
-                head(
-                    307,
-                    &format!("Location: {location}\r\nContent-Length: 0\r\n"),
-                )
-                .as_bytes(),
-            );
-        }
+        Answer::Announced(status, content_type) => Response::stream(status, false, filler)
+            .header("Content-Type", content_type)
+            .header("Content-Length", HUGE.to_string()),
+        Answer::Redirect(location) => Response::new(307, "").header("Location", location),
     }
 }
 

@@ -4,111 +4,58 @@
 //! call once, and five `run-isolated` workers run each isolated call once.
 //! Counted at the servers and in the tools' own log, not in our store.
 
-mod standalone_common;
+mod support;
 
-use standalone_common::*;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::http::{Response, Server};
+use support::scratch::*;
 
 /// A chat-completions server: with no assistant message in the request it
 /// asks for two calls of the `count` tool, then it answers. Counts the
 /// requests by the number of assistant messages they carry (the turn).
 fn model_server() -> (u16, Arc<Mutex<BTreeMap<usize, u32>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let turns = Arc::new(Mutex::new(BTreeMap::new()));
     let seen = turns.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let Some(body) = read_request(&stream).1 else {
-                    return;
-                };
-                let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                let assistant = req["messages"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|m| m["role"] == "assistant")
-                    .count();
-                *seen.lock().unwrap().entry(assistant).or_insert(0) += 1;
-                // Slow enough that every racer is in flight at once.
-                std::thread::sleep(Duration::from_millis(150));
-                let message = if assistant == 0 {
-                    serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                        {"id": "c1", "type": "function", "function": {"name": "count", "arguments": "{\"n\":1}"}},
-                        {"id": "c2", "type": "function", "function": {"name": "count", "arguments": "{\"n\":2}"}}
-                    ]})
-                } else {
-                    serde_json::json!({"role": "assistant", "content": "done"})
-                };
-                let body =
-                    serde_json::json!({"choices": [{"index": 0, "message": message}]}).to_string();
-                respond(stream, &body);
-            });
-        }
+    let server = Server::start(move |req| {
+        let req: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
+        let assistant = req["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .count();
+        *seen.lock().unwrap().entry(assistant).or_insert(0) += 1;
+        // Slow enough that every racer is in flight at once.
+        std::thread::sleep(Duration::from_millis(150));
+        let message = if assistant == 0 {
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "count", "arguments": "{\"n\":1}"}},
+                {"id": "c2", "type": "function", "function": {"name": "count", "arguments": "{\"n\":2}"}}
+            ]})
+        } else {
+            serde_json::json!({"role": "assistant", "content": "done"})
+        };
+        Response::json(
+            200,
+            serde_json::json!({"choices": [{"index": 0, "message": message}]}).to_string(),
+        )
     });
-    (port, turns)
+    (server.port, turns)
 }
 
 /// An HTTP tool server counting the idempotency keys it receives.
 fn tool_server() -> (u16, Arc<Mutex<BTreeMap<String, u32>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let keys = Arc::new(Mutex::new(BTreeMap::new()));
     let seen = keys.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let (key, _) = read_request(&stream);
-                *seen.lock().unwrap().entry(key).or_insert(0) += 1;
-                std::thread::sleep(Duration::from_millis(100));
-                respond(stream, r#"{"counted":true}"#);
-            });
-        }
+    let server = Server::start(move |req| {
+        let key = req.header("idempotency-key").unwrap_or("").to_string();
+        *seen.lock().unwrap().entry(key).or_insert(0) += 1;
+        std::thread::sleep(Duration::from_millis(100));
+        Response::json(200, r#"{"counted":true}"#)
     });
-    (port, keys)
-}
-
-/// The Idempotency-Key header and the body of one request.
-fn read_request(stream: &std::net::TcpStream) -> (String, Option<Vec<u8>>) {
-    let mut reader = BufReader::new(stream);
-    let mut len = 0;
-    let mut key = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return (key, None);
-        }
-        let lower = line.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap();
-        }
-        if lower.starts_with("idempotency-key:") {
-            key = line["idempotency-key:".len()..].trim().to_string();
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut buf = vec![0; len];
-    reader.read_exact(&mut buf).unwrap();
-    (key, Some(buf))
-}
-
-fn respond(mut stream: std::net::TcpStream, body: &str) {
-    let _ = write!(
-        stream,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    (server.port, keys)
 }
 
 #[test]

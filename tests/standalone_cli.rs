@@ -1,11 +1,11 @@
 //! Standalone mode through the CLI alone, as a user runs it: every step is
 //! a new `agents` process on the embedded store.
 
-mod standalone_common;
+mod support;
 
 use agents::core::{Phase, SessionId, ToolResult, Turn};
 use agents::store::sqlite::SqliteStore;
-use standalone_common::*;
+use support::scratch::*;
 
 fn quickstart(s: &Scratch) -> String {
     let p = repo_file("examples/quickstart.yaml");

@@ -7,7 +7,6 @@
 //! skipped with a message, or fail under AGENTS_REQUIRE_CLUSTER=1. The tests
 //! of "no engine" always run.
 
-mod standalone_common;
 mod support;
 
 use agents::core::envelope::{CallEnvelope, ContextSnapshot};
@@ -16,10 +15,10 @@ use agents::core::{
     AppliedPolicy, CallId, ContinuationToken, IsolationSpec, SessionId, ToolCall, ToolResult,
 };
 use agents::runner::container::{container_name, ContainerRunner, Engine};
-use standalone_common::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::engine_cmd;
+use support::scratch::*;
 
 const IMAGE: &str = support::BUSYBOX_IMAGE;
 

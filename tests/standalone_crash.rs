@@ -4,14 +4,15 @@
 //!
 //! Replay a failing run with the printed `AGENTS_TEST_SEED=...`.
 
-mod standalone_common;
+mod support;
 
 use agents::core::{Phase, SessionId, SessionState, Turn, WaitingFor};
 use agents::store::sqlite::SqliteStore;
 use agents::store::ContinuationRecord;
-use standalone_common::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use support::rng::Rng;
+use support::scratch::*;
 
 fn definition(log: &str) -> String {
     format!(

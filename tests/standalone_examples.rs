@@ -1,9 +1,9 @@
 //! Every YAML under `examples/` runs with `agents run` and, completed the
 //! way its pending calls ask (approve, run-isolated, complete), succeeds.
 
-mod standalone_common;
+mod support;
 
-use standalone_common::*;
+use support::scratch::*;
 
 #[test]
 fn every_example_runs_to_its_answer() {

@@ -1,7 +1,7 @@
 //! Standalone mode as a new user would break it (issue 11): tool
 //! environments, killed workers, closed pipes, read-only stores, names.
 
-mod standalone_common;
+mod support;
 
 use agents::core::envelope::{CallEnvelope, ContextSnapshot};
 use agents::core::policy::{EnvVarSpec, SecretKeyRef};
@@ -9,11 +9,11 @@ use agents::core::{
     AppliedPolicy, CallId, ContinuationToken, IsolationSpec, SessionId, ToolCall, ToolResult,
 };
 use agents::runner::ProcessRunner;
-use standalone_common::*;
 use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::scratch::*;
 
 const LLM_KEY: &str = "sk-llm-key-must-not-leak";
 const OPENAI_KEY: &str = "sk-openai-key-must-not-leak";

@@ -6,16 +6,14 @@
 //! `initialize` and `Mcp-Session-Id`) with JSON replies. A fake
 //! OpenAI-compatible model shows what the model is offered and told.
 
-#[path = "support/mcp.rs"]
-mod mcp_server;
-mod standalone_common;
+mod support;
 
-use mcp_server::{read_calls, stdio_command, McpServer};
 use serde_json::{json, Value};
-use standalone_common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
+use support::mcp::{read_calls, stdio_command, McpServer};
+use support::scratch::*;
 
 /// An OpenAI-compatible endpoint answering `replies` in order; keeps the
 /// request bodies.

@@ -9,17 +9,18 @@
 //!   success, 200s that are not completions, a hung endpoint bounded by the
 //!   agent's timeout, a 401, and the key kept out of every error.
 
-mod standalone_common;
+mod support;
 
 use agents::core::conversation::ToolResultEntry;
 use agents::core::{AgentTurn, CallId, ToolResult, ToolSchema, Turn, UserTurn};
 use agents::model::{ModelError, ModelRequest, OpenAiModel, MAX_RETRY_AFTER};
 use serde_json::json;
-use standalone_common::*;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::http::{Response, Server};
+use support::launcher::free_port;
+use support::scratch::*;
 
 struct Seen {
     bodies: Vec<serde_json::Value>,
@@ -47,68 +48,36 @@ fn serve(replies: Vec<(u16, String)>) -> (u16, Arc<Mutex<Seen>>) {
 }
 
 fn serve_replies(replies: Vec<Reply>) -> (u16, Arc<Mutex<Seen>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Seen {
         bodies: vec![],
         auth: vec![],
         idempotency_keys: vec![],
     }));
     let record = seen.clone();
-    std::thread::spawn(move || {
-        for reply in replies {
-            let (stream, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(stream);
-            let mut len = 0;
-            let mut auth = String::new();
-            let mut key = String::new();
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap();
-                }
-                if lower.starts_with("authorization:") {
-                    auth = line["authorization:".len()..].trim().to_string();
-                }
-                if lower.starts_with("idempotency-key:") {
-                    key = line["idempotency-key:".len()..].trim().to_string();
-                }
-                if line == "\r\n" || line.is_empty() {
-                    break;
-                }
-            }
-            let mut buf = vec![0; len];
-            reader.read_exact(&mut buf).unwrap();
-            {
-                let mut s = record.lock().unwrap();
-                s.bodies.push(serde_json::from_slice(&buf).unwrap());
-                s.auth.push(auth);
-                s.idempotency_keys.push(key);
-            }
-            let mut stream = reader.into_inner();
-            match reply {
-                Reply::Answer(status, headers, body) => {
-                    let extra: String = headers
-                        .iter()
-                        .map(|(name, value)| format!("{name}: {value}\r\n"))
-                        .collect();
-                    write!(
-                        stream,
-                        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .unwrap();
-                }
-                Reply::Hang => {
-                    let mut sink = [0u8; 256];
-                    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
-                }
-            }
+    let replies = Mutex::new(VecDeque::from(replies));
+    let server = Server::start(move |req| {
+        // Past the last reply the original server was gone: no answer.
+        let Some(reply) = replies.lock().unwrap().pop_front() else {
+            return Response::close();
+        };
+        {
+            let mut s = record.lock().unwrap();
+            s.bodies.push(serde_json::from_slice(&req.body).unwrap());
+            s.auth
+                .push(req.header("authorization").unwrap_or("").to_string());
+            s.idempotency_keys
+                .push(req.header("idempotency-key").unwrap_or("").to_string());
+        }
+        match reply {
+            Reply::Answer(status, headers, body) => headers
+                .into_iter()
+                .fold(Response::json(status, body), |r, (name, value)| {
+                    r.header(name, value)
+                }),
+            Reply::Hang => Response::hang(),
         }
     });
-    (port, seen)
+    (server.port, seen)
 }
 
 #[test]
@@ -509,10 +478,7 @@ async fn a_hung_endpoint_fails_after_the_agents_timeout() {
 
 #[tokio::test]
 async fn an_unreachable_endpoint_is_retryable() {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let m = client(port, Duration::from_secs(5));
     let err = ask(&m, &first_turns()).await.unwrap_err();
     println!("{err}");

@@ -1,9 +1,9 @@
 //! Decorators as a user sees them standalone: retries, cache, timeouts of
 //! waiting calls, turn limits, a session created paused.
 
-mod standalone_common;
+mod support;
 
-use standalone_common::*;
+use support::scratch::*;
 
 fn session(name: &str, replies: &str, policy: &str, extra_spec: &str) -> String {
     format!(

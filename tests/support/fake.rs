@@ -7,9 +7,8 @@
 //! `turns - 2` ask for `now`, the last one answers "done". A session's user
 //! message is `work <session name>`.
 
+use super::http::{Request, Response, Server};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,55 +63,14 @@ impl World {
 
     /// A listener tagged `tag`; returns its port.
     pub fn listen(&self, tag: &str) -> u16 {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let (world, tag) = (self.clone(), tag.to_string());
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let (world, tag) = (world.clone(), tag.clone());
-                std::thread::spawn(move || world.serve(stream, &tag));
-            }
-        });
-        port
+        Server::start(move |req| world.serve(req, &tag)).port
     }
 
-    fn serve(&self, stream: TcpStream, tag: &str) {
-        let mut reader = BufReader::new(stream);
-        let mut first = String::new();
-        if reader.read_line(&mut first).unwrap_or(0) == 0 {
-            return;
-        }
-        let (mut len, mut key) = (0, String::new());
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let lower = line.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if lower.starts_with("idempotency-key:") {
-                key = line["idempotency-key:".len()..].trim().to_string();
-            }
-            if line == "\r\n" {
-                break;
-            }
-        }
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        // As a proxy the target is absolute: keep its path.
-        let target = first.split_whitespace().nth(1).unwrap_or("/").to_string();
-        let path = match target.strip_prefix("http://") {
-            Some(rest) => rest
-                .find('/')
-                .map(|i| &rest[i..])
-                .unwrap_or("/")
-                .to_string(),
-            None => target,
-        };
+    fn serve(&self, req: &Request, tag: &str) -> Response {
+        let key = req.header("idempotency-key").unwrap_or("").to_string();
+        // As a proxy the target is absolute: `req.path` is its path.
+        let path = &req.path;
         self.seen.lock().unwrap().log.push((
             tag.to_string(),
             Instant::now(),
@@ -120,7 +78,7 @@ impl World {
         ));
         let reply = if path.ends_with("/chat/completions") {
             self.in_flight.fetch_add(1, Ordering::SeqCst);
-            let reply = self.model(&body, tag);
+            let reply = self.model(&req.body, tag);
             std::thread::sleep(self.model_delay);
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             reply
@@ -136,11 +94,7 @@ impl World {
             });
             r#"{"ok":true}"#.to_string()
         };
-        let _ = write!(
-            reader.into_inner(),
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-            reply.len()
-        );
+        Response::json(200, reply)
     }
 
     fn model(&self, body: &[u8], tag: &str) -> String {

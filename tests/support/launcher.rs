@@ -75,6 +75,12 @@ impl Operator {
         (code, body)
     }
 
+    /// SIGKILL, by PID (`Child::kill` sends SIGKILL on Unix), and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -86,7 +92,6 @@ impl Operator {
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }

@@ -13,8 +13,11 @@
 #![allow(dead_code)]
 
 pub mod fake;
+pub mod http;
 pub mod launcher;
 pub mod mcp;
+pub mod rng;
+pub mod scratch;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -153,6 +156,22 @@ where
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `kubectl apply -n NS -f FILE` of `yaml` (written to a scratch file);
+/// panics when it fails.
+pub fn apply(ns: &str, yaml: &str) -> String {
+    apply_with(ns, yaml, &[])
+}
+
+/// [`apply`] with more kubectl arguments (`--server-side`, ...).
+pub fn apply_with(ns: &str, yaml: &str, args: &[&str]) -> String {
+    let scratch = scratch::Scratch::new("apply");
+    let file = scratch.write("objects.yaml", yaml);
+    let mut all = vec!["apply"];
+    all.extend_from_slice(args);
+    all.extend(["-n", ns, "-f", file.to_str().unwrap()]);
+    kubectl_ok(all)
 }
 
 /// A fresh, labelled namespace with a random name; deleted (without waiting)
