@@ -13,7 +13,8 @@ import (
 
 func components() (otelcol.Factories, error) {
 	var err error
-	f := otelcol.Factories{}
+	// The collector's own logs (service.telemetry in the config): telemetry.go.
+	f := otelcol.Factories{Telemetry: newTelemetryFactory()}
 	if f.Receivers, err = otelcol.MakeFactoryMap[receiver.Factory](otlpreceiver.NewFactory()); err != nil {
 		return f, err
 	}
