@@ -17,9 +17,12 @@ gomod_version() { # gomod_version <go.mod> <module>
 K8S_VERSION=$(gomod_version "$REPO_ROOT/tools/k8s/go.mod" k8s.io/kubernetes)
 ETCD_VERSION=$(gomod_version "$REPO_ROOT/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 HELM_VERSION=$(gomod_version "$REPO_ROOT/tools/helm/go.mod" helm.sh/helm/v3 2>/dev/null || true)
+# OpenTelemetry Collector for trace tests (tests/otel): keyed by the core otelcol release.
+OTELCOL_VERSION=$(gomod_version "$REPO_ROOT/tools/otelcol/go.mod" go.opentelemetry.io/collector/otelcol 2>/dev/null || true)
 K8S_BIN=$CACHE/kubernetes-$K8S_VERSION
 ETCD_BIN=$CACHE/etcd-$ETCD_VERSION
 HELM_BIN=$CACHE/helm-$HELM_VERSION
+OTELCOL_BIN=$CACHE/otelcol-$OTELCOL_VERSION
 
 # Network: everything lives on interfaces these scripts create.
 BRIDGE=agents0              # pod bridge (CNI bridge plugin reuses it)
