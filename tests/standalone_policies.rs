@@ -66,9 +66,19 @@ fn cached_results_are_reused_across_sessions() {
         assert!(out.contains("answer: ok"), "{out}");
         if name == "second" {
             assert!(!out.contains("[runAsync]"), "served from the cache: {out}");
+            assert!(
+                out.contains("result t1-c0 echo [cache]: same"),
+                "served from the cache: {out}"
+            );
+            // A runAsync call is recorded with the session alone: no
+            // continuation, the cached result in the conversation.
             let show = s.run(&["session", "show", "second", "-o", "json"]);
             let v: serde_json::Value = serde_json::from_str(show.ok()).unwrap();
-            assert_eq!(v["continuations"][0]["completedBy"], "cache", "{v}");
+            assert_eq!(v["continuations"], serde_json::json!([]), "{v}");
+            assert_eq!(
+                v["session"]["turns"][2]["toolResults"][0]["result"]["response"]["content"], "same",
+                "{v}"
+            );
         }
     }
 }

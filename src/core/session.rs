@@ -306,9 +306,12 @@ pub enum Action {
     /// at once with `Wake`.
     EnsureContinuation(ContinuationSpec),
     /// Run the call in the background; answer with `AttemptFinished`.
+    /// With a cache hit under `cache_key` the driver may answer at once
+    /// with `Wake` (by `cache`) instead.
     RunInBackground {
         envelope: CallEnvelope,
         attempt: u32,
+        cache_key: Option<CacheKey>,
     },
     /// Run the call isolated (Job or process); answer with `AttemptFinished`.
     LaunchIsolated {
@@ -725,9 +728,9 @@ impl Session {
                 .any(|c| {
                     c.id == *call && c.state() == CallState::Running && c.retry_at().is_none()
                 }),
-            Action::RunInBackground { envelope, attempt } => {
-                deferred_attempt(&envelope.token, *attempt)
-            }
+            Action::RunInBackground {
+                envelope, attempt, ..
+            } => deferred_attempt(&envelope.token, *attempt),
             Action::LaunchIsolated {
                 envelope, attempt, ..
             }
@@ -1373,7 +1376,9 @@ impl Session {
             })
             .flat_map(|c| run_action(&self.state.id, &self.config, c))
             .filter_map(|a| match a {
-                Action::RunInBackground { envelope, attempt } => Some(Action::Collect {
+                Action::RunInBackground {
+                    envelope, attempt, ..
+                } => Some(Action::Collect {
                     envelope,
                     isolated: None,
                     attempt,
@@ -1657,6 +1662,7 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
                 (Wait::Background(_), _) => vec![Action::RunInBackground {
                     envelope,
                     attempt: call.attempts,
+                    cache_key: cache,
                 }],
                 (Wait::Isolated(_), Disposition::RunIsolated { spec }) => {
                     vec![Action::LaunchIsolated {

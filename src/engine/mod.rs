@@ -641,9 +641,24 @@ async fn perform(
         Action::CallModel { turn } => call_model(p, ctx, session, turn, replay).await,
         tool @ Action::RunTool { .. } => run_tool(p, sid, session, tool, replay).await?,
         Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
-        Action::RunInBackground { envelope, attempt } => {
-            let run = Run::start(&envelope, attempt, RunKind::Background);
-            run_attempt(p, sid, session, run, replay).await
+        Action::RunInBackground {
+            envelope,
+            attempt,
+            cache_key,
+        } => {
+            // A call with no continuation is answered from the cache here,
+            // as `ensure_continuation` answers one that has.
+            let hit = match &cache_key {
+                Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await?,
+                None => None,
+            };
+            match hit {
+                Some(hit) => serve_cached(p, sid, session, &envelope, hit),
+                None => {
+                    let run = Run::start(&envelope, attempt, RunKind::Background);
+                    run_attempt(p, sid, session, run, replay).await
+                }
+            }
         }
         Action::LaunchIsolated {
             envelope,
@@ -886,6 +901,29 @@ async fn ensure_continuation(
         });
     }
     Ok(())
+}
+
+/// Answers a background call from the cache.
+fn serve_cached(
+    p: &Ports<'_>,
+    sid: &str,
+    session: &mut Session,
+    envelope: &crate::core::envelope::CallEnvelope,
+    hit: ToolResult,
+) {
+    p.observer.observe(&Progress::ToolResult {
+        session: sid.to_string(),
+        call: envelope.context.call_id.to_string(),
+        tool: envelope.tool_call.name.clone(),
+        result: hit.clone(),
+        by: Provenance::Cache,
+    });
+    let wake = Event::Wake {
+        token: envelope.token.clone(),
+        result: hit,
+        by: crate::core::acceptance::CACHE_BY.to_string(),
+    };
+    refuse_logged(sid, "cached result", session.handle(wake, p.clock.now()));
 }
 
 /// Writes a call's result into its continuation (write-once).

@@ -708,12 +708,28 @@ async fn run_to_end(
 
 #[tokio::test]
 async fn a_cached_result_is_served_without_running_the_tool_again() {
+    let store = cached_twice(crate::core::Disposition::RunSync, "lookup done").await;
+    assert!(store.continuations.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_cached_background_result_is_served_and_needs_no_continuation() {
+    let store = cached_twice(crate::core::Disposition::RunAsync, "ran").await;
+    assert!(
+        store.continuations.lock().unwrap().is_empty(),
+        "a runAsync call run by the driver costs no continuation"
+    );
+}
+
+/// Two turns call `lookup` under `disposition` with the cache on: the tool
+/// runs once (answering `ran`), the second call is served from the cache.
+async fn cached_twice(disposition: crate::core::Disposition, ran: &str) -> MemStore {
     let store = MemStore::with_session(&["hi"]);
     let model = Script::new(vec![calls(&["lookup"]), calls(&["lookup"]), text("done")]);
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let p = ports(&store, &model, &tools, &clock);
     let mut rt = runtime();
-    let mut cached = rule("lookup", crate::core::Disposition::RunSync);
+    let mut cached = rule("lookup", disposition);
     cached.decorators.cache = true;
     rt.config.policy.rules.push(cached);
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
@@ -736,7 +752,9 @@ async fn a_cached_result_is_served_without_running_the_tool_again() {
             _ => None,
         })
         .collect();
-    assert_eq!(results, vec![ToolResult::text("lookup done"); 2]);
+    assert_eq!(results, vec![ToolResult::text(ran); 2]);
+    drop(p);
+    store
 }
 
 #[tokio::test]

@@ -253,6 +253,10 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 (Some(WaitingFor::Isolated), Disposition::RunIsolated { .. }) => {
                     format!("agents session run-isolated {sid_q}{flag}")
                 }
+                // A background run cut off by a crash runs again on resume.
+                (Some(WaitingFor::Background), _) => {
+                    format!("agents session resume {sid_q}{flag}")
+                }
                 _ => format!("agents session complete {token_q} --text RESULT{flag}"),
             };
             Some(PendingCall {
