@@ -753,7 +753,6 @@ async fn cached_twice(disposition: crate::core::Disposition, ran: &str) -> MemSt
         })
         .collect();
     assert_eq!(results, vec![ToolResult::text(ran); 2]);
-    drop(p);
     store
 }
 
