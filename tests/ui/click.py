@@ -11,6 +11,7 @@ import sys
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 url, token, button = sys.argv[1], sys.argv[2], sys.argv[3]
 screenshot = sys.argv[4] if len(sys.argv) > 4 else None
@@ -39,6 +40,15 @@ try:
     if screenshot:
         driver.save_screenshot(screenshot)
     driver.find_element(By.ID, button).click()
+    # The click posts the form; wait until its answer is on screen: the
+    # list again (success) or a page that shows the error. Reading the
+    # page before that would take a refusal still loading for a success.
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.ID, "error")
+        or (not d.current_url.endswith("/decide")
+            and not d.current_url.endswith("/complete")
+            and d.execute_script("return document.readyState") == "complete")
+    )
     errors = driver.find_elements(By.ID, "error")
     if errors:
         print("after: error: " + errors[0].text)
