@@ -73,7 +73,10 @@ impl Release {
     }
 
     fn apply_sessions(&self, port: u16, sessions: usize) {
-        support::apply(&self.ns.name, &manifests(port, sessions));
+        support::apply(
+            &self.ns.name,
+            &support::fake::flow_manifests(port, sessions),
+        );
     }
 
     fn wait_all_succeeded(&self, timeout: &str) {
@@ -93,40 +96,6 @@ impl Release {
             kubectl_ok(["get", "sessions", "-n", &self.ns.name])
         );
     }
-}
-
-fn manifests(port: u16, sessions: usize) -> String {
-    let mut out = format!(
-        r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {{name: worker}}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {{name: now, arguments: {{step: 1}}}}
-            - {{name: later, arguments: {{step: 2}}}}
-        - toolCalls:
-            - {{name: now, arguments: {{step: 3}}}}
-        - text: finished
-  tools:
-    - {{name: now, http: {{url: "http://127.0.0.1:{port}/now"}}}}
-    - {{name: later, http: {{url: "http://127.0.0.1:{port}/later"}}}}
-  policy:
-    default: runSync
-    rules:
-      - {{tool: later, disposition: runAsync}}
-"#
-    );
-    for i in 0..sessions {
-        out.push_str(&format!(
-            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}}}\nspec:\n  agentRef: {{name: worker}}\n  messages: [\"work {i}\"]\n"
-        ));
-    }
-    out
 }
 
 /// The API server's count of `metric` over the series whose `label` is

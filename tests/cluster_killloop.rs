@@ -43,40 +43,6 @@ fn tool_server() -> (u16, World) {
     (world.listen("direct"), world)
 }
 
-fn manifests(port: u16, sessions: usize) -> String {
-    let mut out = format!(
-        r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {{name: worker}}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {{name: now, arguments: {{step: 1}}}}
-            - {{name: later, arguments: {{step: 2}}}}
-        - toolCalls:
-            - {{name: now, arguments: {{step: 3}}}}
-        - text: finished
-  tools:
-    - {{name: now, http: {{url: "http://127.0.0.1:{port}/now"}}}}
-    - {{name: later, http: {{url: "http://127.0.0.1:{port}/later"}}}}
-  policy:
-    default: runSync
-    rules:
-      - {{tool: later, disposition: runAsync}}
-"#
-    );
-    for i in 0..sessions {
-        out.push_str(&format!(
-            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}}}\nspec:\n  agentRef: {{name: worker}}\n  messages: [\"work {i}\"]\n"
-        ));
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     let sessions = sized("AGENTS_KILLLOOP_SESSIONS", 20);
@@ -92,7 +58,7 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
     let writes_before = support::api_writes();
     let started = Instant::now();
     let mut op = operator(&ns.name, &kubeconfig, 0);
-    support::apply(&ns.name, &manifests(port, sessions));
+    support::apply(&ns.name, &support::fake::flow_manifests(port, sessions));
     for k in 0..kills {
         std::thread::sleep(Duration::from_millis(rng.below(600)));
         drop(op); // SIGKILL, by PID, and reaped

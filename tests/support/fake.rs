@@ -222,3 +222,39 @@ impl World {
         );
     }
 }
+
+/// An Agent `worker` calling `now` (runSync) and `later` (runAsync) at the
+/// http tools on `port`, and `sessions` Sessions `s<i>` of it ("work <i>").
+pub fn flow_manifests(port: u16, sessions: usize) -> String {
+    let mut out = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: worker}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: now, arguments: {{step: 1}}}}
+            - {{name: later, arguments: {{step: 2}}}}
+        - toolCalls:
+            - {{name: now, arguments: {{step: 3}}}}
+        - text: finished
+  tools:
+    - {{name: now, http: {{url: "http://127.0.0.1:{port}/now"}}}}
+    - {{name: later, http: {{url: "http://127.0.0.1:{port}/later"}}}}
+  policy:
+    default: runSync
+    rules:
+      - {{tool: later, disposition: runAsync}}
+"#
+    );
+    for i in 0..sessions {
+        out.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}}}\nspec:\n  agentRef: {{name: worker}}\n  messages: [\"work {i}\"]\n"
+        ));
+    }
+    out
+}
