@@ -162,11 +162,20 @@ fn wrapper_puts_large_results_in_a_framed_log_block() {
     let Message::InLog(p) = job::read_message(&s.message(), &t) else {
         panic!("expected a pointer, got {}", s.message())
     };
-    // The container log is stdout and stderr together.
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
+    // The block follows the tool's stderr in the same pipe, so it is the
+    // log's last lines whatever order the runtime reads the pipes in.
+    assert!(out.stdout.is_empty(), "nothing on stdout: {:?}", out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.starts_with("no newline\n"),
+        "{}",
+        &log[..log.len().min(200)]
+    );
+    let last = log.trim_end().lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!("----- end agents result {t} -----"),
+        "the block ends the log"
     );
     let json = job::unframe(&log, &t, &p.sha256, p.bytes).unwrap();
     assert_eq!(

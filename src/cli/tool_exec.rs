@@ -11,7 +11,8 @@
 //! for error results) and exit status, forwards SIGTERM and friends to the
 //! tool's process group, and reports the result envelope: in the
 //! termination message when it fits in 4096 bytes, else as a framed block
-//! on stdout with a pointer (hash, length) in the termination message.
+//! on stderr, after the tool's own stderr in the same pipe, with a pointer
+//! (hash, length) in the termination message.
 //! Exit 0 when it reported a result (an error result too); 64 when the
 //! wrapper itself failed (its reason is then the termination message).
 //!
@@ -126,11 +127,11 @@ async fn wrap(args: ToolExecArgs) -> ExitCode {
     let result = run_tool(&envelope, &args.command).await;
     let (message, block) = report(&envelope.token, &result);
     if let Some(block) = block {
-        let mut out = std::io::stdout().lock();
+        let mut out = std::io::stderr().lock();
         if let Err(e) = out.write_all(block.as_bytes()).and_then(|_| out.flush()) {
             return wrapper_failed(
                 tl,
-                &format!("agents tool-exec: cannot write the result to stdout: {e}"),
+                &format!("agents tool-exec: cannot write the result to stderr: {e}"),
             );
         }
     }
@@ -295,7 +296,7 @@ impl Sink for ShownTail {
     }
 
     fn finish(&mut self) {
-        // The result block on stdout must start on a line of its own.
+        // The result block, written next on stderr, starts on a line of its own.
         let mut err = std::io::stderr();
         if self.last != b'\n' {
             let _ = err.write_all(b"\n");

@@ -7,8 +7,12 @@
 //! - The wrapper writes its report to the termination log
 //!   ([`TERMINATION_LOG`]): the result envelope itself when it fits in
 //!   [`TERMINATION_MESSAGE_LIMIT`], else a [`ResultInLog`] pointer (hash,
-//!   length) while the envelope goes to stdout, hence the container log,
-//!   as a framed block ([`frame`]); see [`report`].
+//!   length) while the envelope goes to stderr, hence the container log,
+//!   as a framed block ([`frame`]); see [`report`]. Stderr, not stdout:
+//!   the tool's stderr goes through the same pipe before it, so the block
+//!   is always the log's last lines (two pipes are read by the runtime in
+//!   no fixed order, and a flood of stderr could land after the block and
+//!   push it out of the tail the runner reads).
 //! - A wrapper that fails itself (not the tool) exits with
 //!   [`WRAPPER_FAILED`] and leaves its reason as the termination message
 //!   ([`failure_message`]).
@@ -128,7 +132,7 @@ pub fn unframe(
 }
 
 /// What the wrapper reports for `result`: the termination message, and the
-/// block to print on stdout when the result does not fit in it.
+/// block to print on stderr when the result does not fit in it.
 pub fn report(token: &ContinuationToken, result: &ToolResult) -> (String, Option<String>) {
     let json = serde_json::to_string(&ResultEnvelope::from_result(token.clone(), result))
         .expect("result envelopes serialise");
