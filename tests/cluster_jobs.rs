@@ -375,6 +375,7 @@ async fn run_to_end(
         {
             RunStatus::Finished(r) => return (r, started.elapsed()),
             RunStatus::InFlight => {}
+            RunStatus::Task(t) => panic!("a Job never becomes an MCP task ({})", t.id),
         }
         assert!(
             started.elapsed() < timeout + Duration::from_secs(120),

@@ -43,7 +43,7 @@ impl ToolPort for NoTools {
         _: &'a agents::core::ToolCall,
         _: &'a str,
         _: Duration,
-    ) -> BoxFuture<'a, agents::core::ToolResult> {
+    ) -> BoxFuture<'a, agents::engine::ToolRun> {
         panic!("no tool may run")
     }
 }

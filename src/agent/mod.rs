@@ -10,11 +10,12 @@
 
 use crate::api::agent::{ModelProvider, ToolSpec};
 use crate::api::{convert, AgentSpec, SessionSpec};
+use crate::core::call::TaskHandle;
 use crate::core::policy::SecretKeyRef;
-use crate::core::{AgentTurn, Disposition, Millis, SessionConfig, SessionId, ToolCall, ToolResult};
+use crate::core::{AgentTurn, Disposition, Millis, SessionConfig, SessionId, ToolCall};
 use crate::model::{ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply};
 pub use crate::ports::AgentLookup;
-use crate::ports::{AgentSource, ModelFailure, ModelInput, ModelPort, ToolPort};
+use crate::ports::{AgentSource, ModelFailure, ModelInput, ModelPort, TaskPoll, ToolPort, ToolRun};
 use crate::tools::{ToolDef, ToolKind, Toolbox};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -318,8 +319,21 @@ impl ToolPort for AgentTools<'_> {
         call: &'a ToolCall,
         idempotency_key: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, ToolResult> {
-        Box::pin(self.0.run(call, idempotency_key, Some(timeout)))
+    ) -> BoxFuture<'a, ToolRun> {
+        Box::pin(self.0.start(call, idempotency_key, Some(timeout)))
+    }
+
+    fn poll_task<'a>(
+        &'a self,
+        call: &'a ToolCall,
+        task: &'a TaskHandle,
+        answers: Option<&'a str>,
+    ) -> BoxFuture<'a, TaskPoll> {
+        Box::pin(self.0.poll_task(call, task, answers))
+    }
+
+    fn cancel_task<'a>(&'a self, call: &'a ToolCall, task: &'a TaskHandle) -> BoxFuture<'a, ()> {
+        Box::pin(self.0.cancel_task(call, task))
     }
 }
 

@@ -126,6 +126,19 @@ pub enum ContinuationState {
     Completed,
 }
 
+/// Answers a person gave to an MCP task's request for input.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AnswersStatus {
+    /// The `inputResponses` object, as JSON text.
+    #[schemars(length(max = 16384))]
+    pub input_responses: String,
+    /// Who answered.
+    pub by: String,
+    /// When.
+    pub answered_at: Time,
+}
+
 /// Where the call is, and what the outside wrote. `outcome` and
 /// `decision` are each written once, as a whole.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -165,6 +178,12 @@ pub struct ContinuationStatus {
     /// The Job running the call (isolated calls in a cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// Answers to the call's MCP task's request for input (the
+    /// `inputRequests` in the Session's `status.openTurn.calls[].taskAsks`):
+    /// an `inputResponses` object as JSON, written by `agents session
+    /// answer`, delivered with `tasks/update`. A later answer replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers: Option<AnswersStatus>,
     /// Executions started.
     #[serde(default)]
     pub attempts: u32,

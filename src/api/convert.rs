@@ -676,6 +676,7 @@ pub fn waiting_for_name(w: WaitingFor) -> WaitingForName {
         WaitingFor::Background => WaitingForName::Background,
         WaitingFor::Isolated => WaitingForName::Isolated,
         WaitingFor::External => WaitingForName::External,
+        WaitingFor::McpTask => WaitingForName::McpTask,
     }
 }
 
@@ -685,6 +686,7 @@ pub fn waiting_for(w: WaitingForName) -> WaitingFor {
         WaitingForName::Background => WaitingFor::Background,
         WaitingForName::Isolated => WaitingFor::Isolated,
         WaitingForName::External => WaitingFor::External,
+        WaitingForName::McpTask => WaitingFor::McpTask,
     }
 }
 
@@ -711,6 +713,11 @@ fn tracked_call_status(c: &TrackedToolCall) -> TrackedCallStatus {
         retry_at: f.retry_at.map(time),
         claim: f.claim.as_ref().map(claim_status),
         job: None,
+        task: f.task.map(|t| crate::api::session::TaskStatus {
+            id: t.id,
+            poll_ms: t.poll_ms,
+        }),
+        task_asks: f.task_asks,
     }
 }
 
@@ -740,6 +747,11 @@ fn tracked_call(c: &TrackedCallStatus, field: &str) -> Result<TrackedToolCall, C
         deadline: c.deadline.as_ref().map(millis),
         retry_at: c.retry_at.as_ref().map(millis),
         claim: c.claim.as_ref().map(claim),
+        task: c.task.as_ref().map(|t| crate::core::call::TaskHandle {
+            id: t.id.clone(),
+            poll_ms: t.poll_ms,
+        }),
+        task_asks: c.task_asks.clone(),
     };
     TrackedToolCall::try_from(flat).map_err(|why| err(field, why.to_string()))
 }

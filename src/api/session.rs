@@ -317,6 +317,19 @@ pub enum WaitingForName {
     Isolated,
     /// An outside party.
     External,
+    /// A task of an MCP server, polled by the operator.
+    McpTask,
+}
+
+/// An MCP task a call became.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// The task's id, as the server gave it.
+    pub id: String,
+    /// How often the server asked to be polled, in milliseconds (the
+    /// operator polls within 1 s and 60 s).
+    pub poll_ms: u64,
 }
 
 /// The policy decision recorded on a call.
@@ -424,4 +437,12 @@ pub struct TrackedCallStatus {
     /// The Job running the call, for isolated calls in a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// The MCP task the call became: its id and the poll interval the
+    /// server asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskStatus>,
+    /// While the MCP task asks for input: its `inputRequests` (JSON), for
+    /// a person to answer with `agents session answer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_asks: Option<String>,
 }

@@ -428,6 +428,7 @@ fn wait_name(w: Option<WaitingForName>) -> &'static str {
         Some(WaitingForName::Background) => "background",
         Some(WaitingForName::Isolated) => "isolated",
         Some(WaitingForName::External) => "external",
+        Some(WaitingForName::McpTask) => "mcpTask",
         None => "",
     }
 }

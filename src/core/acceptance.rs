@@ -13,9 +13,12 @@ pub const ENGINE_BY: &str = "agents";
 /// Who writes a result served from the cache.
 pub const CACHE_BY: &str = "cache";
 
+/// Who writes the result an MCP task ended with.
+pub const TASK_BY: &str = "mcp-task";
+
 /// The names only the engine writes under; a person or worker must not.
 pub fn is_engine(by: &str) -> bool {
-    by == ENGINE_BY || by == CACHE_BY
+    by == ENGINE_BY || by == CACHE_BY || by == TASK_BY
 }
 
 /// Why an approver's edited arguments are refused, if they are: only a

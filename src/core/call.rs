@@ -6,6 +6,10 @@
 //! Deferred -> Ready | Completed | Failed
 //! Completed, Failed: final
 //! ```
+//! One move stays outside the table: a run (in the step, or a background
+//! attempt) whose MCP server answered with a task handle becomes a wait on
+//! that task ([`TrackedToolCall::become_task`]), from Running or from a
+//! background wait.
 //! `Completed` may carry an error result (a denied approval, a timeout, a
 //! malformed call): the model is told. `Failed` is a call that ran (here,
 //! in the background or isolated) and failed after its retries; the seed's
@@ -87,6 +91,18 @@ pub enum WaitingFor {
     Isolated,
     /// An outside party (`defer`).
     External,
+    /// A task of an MCP server (the `io.modelcontextprotocol/tasks`
+    /// extension), polled by the driver until it ends.
+    McpTask,
+}
+
+/// A task an MCP server made of a `tools/call`: its id, and how often the
+/// server asks to be polled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskHandle {
+    pub id: String,
+    pub poll_ms: u64,
 }
 
 /// A driver's committed claim on work with side effects (a model call, a
@@ -184,6 +200,12 @@ pub enum Wait {
     External,
     Background(Attempt),
     Isolated(Attempt),
+    /// The call's MCP task (its handle is the call's [`TrackedToolCall::task`]);
+    /// `asks` is the server's open request for input, as JSON, while the
+    /// task is `input_required`.
+    McpTask {
+        asks: Option<String>,
+    },
 }
 
 impl Wait {
@@ -193,6 +215,7 @@ impl Wait {
             WaitingFor::External => Wait::External,
             WaitingFor::Background => Wait::Background(Attempt::Unclaimed),
             WaitingFor::Isolated => Wait::Isolated(Attempt::Unclaimed),
+            WaitingFor::McpTask => Wait::McpTask { asks: None },
         }
     }
 
@@ -202,20 +225,21 @@ impl Wait {
             Wait::External => WaitingFor::External,
             Wait::Background(_) => WaitingFor::Background,
             Wait::Isolated(_) => WaitingFor::Isolated,
+            Wait::McpTask { .. } => WaitingFor::McpTask,
         }
     }
 
     pub fn attempt(&self) -> Option<&Attempt> {
         match self {
             Wait::Background(a) | Wait::Isolated(a) => Some(a),
-            Wait::Approval | Wait::External => None,
+            Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
         }
     }
 
     fn attempt_mut(&mut self) -> Option<&mut Attempt> {
         match self {
             Wait::Background(a) | Wait::Isolated(a) => Some(a),
-            Wait::Approval | Wait::External => None,
+            Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
         }
     }
 }
@@ -287,6 +311,8 @@ pub struct TrackedToolCall {
     pub attempts: u32,
     token: Option<ContinuationToken>,
     approval: Option<Approval>,
+    /// The MCP task the call became, kept once it ends (like the token).
+    task: Option<TaskHandle>,
     stage: CallStage,
 }
 
@@ -299,6 +325,7 @@ impl TrackedToolCall {
             attempts: 0,
             token: None,
             approval: None,
+            task: None,
             stage: CallStage::Ready,
         }
     }
@@ -329,6 +356,31 @@ impl TrackedToolCall {
         self.approval.as_ref()
     }
 
+    /// True when the call waits on an MCP task whose deadline has passed.
+    pub fn task_is_due_to_time_out(&self, now: Millis) -> bool {
+        matches!(
+            &self.stage,
+            CallStage::Deferred { wait: Wait::McpTask { .. }, deadline: Some(d) } if now >= *d
+        )
+    }
+
+    /// The MCP task the call became, if it did.
+    pub fn task(&self) -> Option<&TaskHandle> {
+        self.task.as_ref()
+    }
+
+    /// The open request for input of the call's MCP task, while it waits
+    /// for one.
+    pub fn task_asks(&self) -> Option<&str> {
+        match &self.stage {
+            CallStage::Deferred {
+                wait: Wait::McpTask { asks },
+                ..
+            } => asks.as_deref(),
+            _ => None,
+        }
+    }
+
     /// What the call waits for; `None` unless it is deferred.
     pub fn waiting_for(&self) -> Option<WaitingFor> {
         match &self.stage {
@@ -344,10 +396,14 @@ impl TrackedToolCall {
     /// continuation writes; a crash before that re-runs it under the same
     /// idempotency key, as a crash before any result would.
     pub fn has_continuation(&self) -> bool {
-        !matches!(
-            self.policy.disposition,
-            super::policy::Disposition::RunAsync
-        ) || self.policy.decorators.approval
+        // A task outlives the process that made it: its continuation holds
+        // the handle for anyone to see (and the deletion that cancels it).
+        self.task.is_some()
+            || !matches!(
+                self.policy.disposition,
+                super::policy::Disposition::RunAsync
+            )
+            || self.policy.decorators.approval
     }
 
     pub fn deadline(&self) -> Option<Millis> {
@@ -481,6 +537,47 @@ impl TrackedToolCall {
             _ => return Err(self.refused(to)),
         };
         Ok(())
+    }
+
+    /// A run whose server answered with a task handle waits on the task
+    /// under `token`: from Running (in the step) or a background wait.
+    /// `deadline` is kept from the wait, else given.
+    pub fn become_task(
+        &mut self,
+        token: ContinuationToken,
+        task: TaskHandle,
+        deadline: Option<Millis>,
+    ) -> Result<(), TransitionError> {
+        let deadline = match &self.stage {
+            CallStage::Running(_) => deadline,
+            CallStage::Deferred {
+                wait: Wait::Background(_),
+                deadline: kept,
+            } => kept.or(deadline),
+            _ => return Err(self.refused(CallState::Deferred)),
+        };
+        self.token = Some(token);
+        self.task = Some(task);
+        self.stage = CallStage::Deferred {
+            wait: Wait::McpTask { asks: None },
+            deadline,
+        };
+        Ok(())
+    }
+
+    /// The call's MCP task asks for input (`asks`, JSON), or no longer
+    /// does (`None`); true when that changed.
+    pub fn set_task_asks(&mut self, new: Option<String>) -> bool {
+        match &mut self.stage {
+            CallStage::Deferred {
+                wait: Wait::McpTask { asks },
+                ..
+            } if *asks != new => {
+                *asks = new;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The failed attempt is retried at `at`; its claim is released.

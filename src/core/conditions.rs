@@ -115,6 +115,7 @@ fn waiting(state: &SessionState) -> Condition {
     let order = [
         (WaitingFor::Approval, "AwaitingApproval"),
         (WaitingFor::External, "AwaitingExternal"),
+        (WaitingFor::McpTask, "AwaitingMcpTask"),
         (WaitingFor::Isolated, "AwaitingJob"),
         (WaitingFor::Background, "AwaitingBackground"),
     ];
@@ -131,6 +132,8 @@ fn waiting(state: &SessionState) -> Condition {
                 Some(WaitingFor::External) => "outside result",
                 Some(WaitingFor::Isolated) => "isolated run",
                 Some(WaitingFor::Background) => "background run",
+                Some(WaitingFor::McpTask) if c.task_asks().is_some() => "MCP task asking for input",
+                Some(WaitingFor::McpTask) => "MCP task",
                 None => "?",
             };
             c.token().map(|t| format!("{t} ({}, {what})", c.call.name))

@@ -16,8 +16,8 @@
 use super::acceptance::ENGINE_BY;
 use super::cache::{cache_key, CacheKey, CacheScope};
 use super::call::{
-    flat, Approval, Attempt, CallStage, CallState, Claim, TrackedToolCall, TransitionError, Wait,
-    WaitingFor,
+    flat, Approval, Attempt, CallStage, CallState, Claim, TaskHandle, TrackedToolCall,
+    TransitionError, Wait, WaitingFor,
 };
 use super::conversation::{
     AgentTurn, TokenUsage, ToolCall, ToolResponse, ToolResult, ToolResultEntry, Turn, UserTurn,
@@ -31,6 +31,9 @@ use super::policy::{
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+mod task;
+pub use task::{next_poll, MAX_POLL_MS, MIN_POLL_MS, TASK_BY};
 
 /// How many times a failing model call is retried before the session fails
 /// (the default of `spec.model.maxRetries`).
@@ -127,6 +130,8 @@ impl DriverRole {
             CallStage::Deferred { wait, .. } => match wait {
                 Wait::Background(_) => self.background,
                 Wait::Isolated(_) => self.isolated,
+                // Polled by the driver that runs tools in the step.
+                Wait::McpTask { .. } => self.model,
                 Wait::Approval | Wait::External => false,
             },
             CallStage::Ready | CallStage::Completed(_) | CallStage::Failed(_) => false,
@@ -329,6 +334,22 @@ pub enum Action {
         isolated: Option<IsolationSpec>,
         attempt: u32,
     },
+    /// Ask the MCP server how the call's task is doing (`tasks/get`),
+    /// after delivering the answers people gave to `asks` (its open
+    /// request for input) where there are some; answer with `TaskAsks`
+    /// or `TaskEnded`. Reads only: no claim is taken.
+    PollTask {
+        envelope: CallEnvelope,
+        task: TaskHandle,
+        asks: Option<String>,
+    },
+    /// Tell the MCP server the call's task is no longer wanted
+    /// (`tasks/cancel`; the call timed out). Best effort: the call has
+    /// already ended.
+    CancelTask {
+        envelope: CallEnvelope,
+        task: TaskHandle,
+    },
     /// Write this final result into the continuation (the core decided it:
     /// a runner's result after retries, a timeout, a denial).
     RecordResult {
@@ -410,6 +431,24 @@ pub enum Event {
     AttemptFinished {
         token: ContinuationToken,
         attempt: u32,
+        result: ToolResult,
+    },
+    /// A run (`RunTool`, or a background attempt) was answered with an
+    /// MCP task handle instead of a result.
+    TaskCreated {
+        call: CallId,
+        attempt: u32,
+        task: TaskHandle,
+    },
+    /// A poll found the call's task asking for input (`Some`, the
+    /// request as JSON) or working (`None`).
+    TaskAsks {
+        token: ContinuationToken,
+        asks: Option<String>,
+    },
+    /// A poll found the call's task ended, with this result.
+    TaskEnded {
+        token: ContinuationToken,
         result: ToolResult,
     },
     /// A continuation was completed from outside (a user, a worker, the cache).
@@ -591,6 +630,17 @@ impl Session {
         let mut in_flight_here = false;
         for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
             deadlines.extend(c.deadline());
+            if let Some(task) = c.task().filter(|_| self.config.driver.runs(c)) {
+                // Our poll: due work while the task works; while it asks
+                // for input, a look now and then beside the person's answer.
+                if c.waiting_for() == Some(WaitingFor::McpTask) {
+                    match c.task_asks() {
+                        None => own.push(next_poll(task, now)),
+                        Some(_) => deadlines.push(next_poll(task, now)),
+                    }
+                }
+                continue;
+            }
             if self.config.driver.runs(c) {
                 own.extend(c.retry_at());
                 match c.claim() {
@@ -610,11 +660,15 @@ impl Session {
             .state
             .pending()
             .into_iter()
-            .filter(|c| !self.config.driver.runs(c) || c.claim().is_some())
+            .filter(|c| {
+                !self.config.driver.runs(c) || c.claim().is_some() || c.task_asks().is_some()
+            })
             .filter_map(|c| c.token().cloned())
             .collect();
         if let Some(at) = own.iter().min().copied() {
             if !in_flight_here {
+                // A deadline before our own work is looked at on time.
+                let at = deadlines.iter().copied().fold(at, Millis::min);
                 return Outlook::Busy { at };
             }
             deadlines.push(at);
@@ -628,7 +682,11 @@ impl Session {
     pub fn handle(&mut self, event: Event, now: Millis) -> Result<Handled, CoreError> {
         let outside = matches!(
             event,
-            Event::AttemptFinished { .. } | Event::Wake { .. } | Event::Decide { .. }
+            Event::AttemptFinished { .. }
+                | Event::Wake { .. }
+                | Event::Decide { .. }
+                | Event::TaskAsks { .. }
+                | Event::TaskEnded { .. }
         );
         if outside && self.state.phase.is_final() {
             // A finished session takes no results or decisions: they stay
@@ -660,6 +718,20 @@ impl Session {
             } => self
                 .on_attempt_finished(&token, attempt, result, now)
                 .map(Handled::Wake),
+            Event::TaskCreated {
+                call,
+                attempt,
+                task,
+            } => self
+                .on_task_created(call, attempt, task, now)
+                .map(|_| Handled::Done),
+            Event::TaskAsks { token, asks } => {
+                self.on_task_asks(&token, asks);
+                Ok(Handled::Done)
+            }
+            Event::TaskEnded { token, result } => {
+                self.on_task_ended(&token, result, now).map(Handled::Wake)
+            }
             Event::Wake { token, result, by } => {
                 self.on_wake(&token, result, &by, now).map(Handled::Wake)
             }
@@ -737,6 +809,11 @@ impl Session {
             | Action::Collect {
                 envelope, attempt, ..
             } => deferred_attempt(&envelope.token, *attempt),
+            Action::PollTask { envelope, task, .. } => {
+                self.state.find_call(&envelope.token).is_some_and(|c| {
+                    c.waiting_for() == Some(WaitingFor::McpTask) && c.task() == Some(task)
+                })
+            }
             _ => true,
         }
     }
@@ -1194,6 +1271,14 @@ impl Session {
             self.fail(failure);
             return;
         }
+        let cancels: Vec<Action> = self
+            .state
+            .open
+            .iter()
+            .flat_map(|o| o.calls.iter())
+            .filter(|c| c.task_is_due_to_time_out(now))
+            .filter_map(|c| task::cancel_action(self, c))
+            .collect();
         let actions: Vec<Action> = self
             .state
             .open
@@ -1203,6 +1288,9 @@ impl Session {
             .collect();
         for a in actions {
             self.push_result(a);
+        }
+        for a in cancels {
+            self.push(a);
         }
         self.start_due(now, false);
         self.settle(now);
@@ -1358,7 +1446,19 @@ impl Session {
             starts |= !run.is_empty();
             planned.extend(run);
         }
+        planned.extend(self.task_polls());
         (planned, starts)
+    }
+
+    /// A poll of every MCP task this driver watches.
+    fn task_polls(&self) -> Vec<Action> {
+        self.state
+            .open
+            .iter()
+            .flat_map(|o| o.calls.iter())
+            .filter(|c| self.config.driver.runs(c))
+            .filter_map(|c| task::poll_action(self, c))
+            .collect()
     }
 
     /// While paused: a `Collect` for every attempt this driver runs that may
@@ -1395,7 +1495,7 @@ impl Session {
                 _ => None,
             })
             .collect();
-        for a in collects {
+        for a in collects.into_iter().chain(self.task_polls()) {
             self.push(a);
         }
     }
@@ -1426,8 +1526,12 @@ impl Session {
     /// already queued stay; every other action is planned again. Every
     /// action is idempotent for the driver.
     pub fn replan(&mut self, now: Millis) {
-        self.actions
-            .retain(|a| matches!(a, Action::RecordResult { .. } | Action::StoreCache { .. }));
+        self.actions.retain(|a| {
+            matches!(
+                a,
+                Action::RecordResult { .. } | Action::StoreCache { .. } | Action::CancelTask { .. }
+            )
+        });
         if self.state.phase.is_final() {
             return;
         }
@@ -1604,6 +1708,9 @@ fn ensure_action(
     };
     let reason = match (&call.policy.disposition, waiting_for) {
         (_, WaitingFor::Approval) => Some("waiting for approval".to_string()),
+        (_, WaitingFor::McpTask) => call
+            .task()
+            .map(|t| format!("waiting for MCP task {}", t.id)),
         (Disposition::Defer { reason }, _) => Some(reason.clone()),
         _ => None,
     };
@@ -1698,6 +1805,7 @@ fn time_out(call: &mut TrackedToolCall, now: Millis) -> Option<Action> {
         Wait::Approval => ("an approval", CallState::Completed),
         Wait::External => ("an outside result", CallState::Completed),
         Wait::Background(_) | Wait::Isolated(_) => ("the tool", CallState::Failed),
+        Wait::McpTask { .. } => ("its MCP task", CallState::Completed),
     };
     let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);
     let result = ToolResult::error(format!("timed out after {secs}s waiting for {what}"));

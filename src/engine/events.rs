@@ -185,5 +185,6 @@ pub fn waiting_for_text(w: WaitingFor) -> &'static str {
         WaitingFor::Background => "a background run",
         WaitingFor::Isolated => "an isolated run",
         WaitingFor::External => "an outside result",
+        WaitingFor::McpTask => "an MCP task",
     }
 }

@@ -28,6 +28,7 @@
 
 pub mod events;
 pub mod holder;
+mod tasks;
 pub use crate::ports;
 
 pub use holder::Holder;
@@ -683,6 +684,15 @@ async fn perform(
             };
             run_attempt(p, sid, session, run, replay).await
         }
+        Action::PollTask {
+            envelope,
+            task,
+            asks,
+        } => tasks::poll(p, ctx, session, &envelope, &task, asks, replay).await?,
+        Action::CancelTask { envelope, task } => {
+            info!(session = sid, token = %envelope.token, task = %task.id, "cancelling the MCP task");
+            p.tools.cancel_task(&envelope.tool_call, &task).await;
+        }
         Action::RecordResult { token, result, by } => {
             // Known at the step's start: the turn may have closed since.
             let isolated = ctx
@@ -782,7 +792,7 @@ async fn run_tool(
         idempotency_key,
         timeout_seconds,
         cache_key,
-        ..
+        attempt,
     } = action
     else {
         unreachable!("run_tool takes RunTool actions")
@@ -797,7 +807,20 @@ async fn run_tool(
         None => {
             let default = session.config().default_tool_timeout_secs;
             let timeout = Duration::from_secs(timeout_seconds.unwrap_or(default));
-            p.tools.run(&tool_call, &idempotency_key, timeout).await
+            match p.tools.run(&tool_call, &idempotency_key, timeout).await {
+                ToolRun::Done(result) => result,
+                ToolRun::Task(task) => {
+                    info!(session = sid, call = %call, tool = %tool_call.name, task = %task.id, "tool became an MCP task");
+                    let event = Event::TaskCreated {
+                        call,
+                        attempt,
+                        task,
+                    };
+                    replay.push(event.clone());
+                    refuse_logged(sid, "task handle", session.handle(event, p.clock.now()));
+                    return Ok(());
+                }
+            }
         }
     };
     info!(
@@ -1044,8 +1067,19 @@ fn finish_attempt(
     sid: &str,
     replay: &mut Vec<Event>,
 ) {
-    let RunStatus::Finished(result) = status else {
-        return;
+    let result = match status {
+        RunStatus::Finished(result) => result,
+        RunStatus::InFlight => return,
+        RunStatus::Task(task) => {
+            let event = Event::TaskCreated {
+                call: envelope.context.call_id,
+                attempt,
+                task,
+            };
+            replay.push(event.clone());
+            refuse_logged(sid, "task handle", session.handle(event, p.clock.now()));
+            return;
+        }
     };
     p.observer.observe(&Progress::ToolResult {
         session: sid.to_string(),

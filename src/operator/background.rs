@@ -14,7 +14,7 @@
 use crate::api::Session;
 use crate::core::envelope::CallEnvelope;
 use crate::core::{SessionState, ToolResult, WaitingFor};
-use crate::engine::{RunKind, RunStatus, RunnerPort};
+use crate::engine::{RunKind, RunStatus, RunnerPort, ToolRun};
 use crate::tools::Toolbox;
 use futures::future::BoxFuture;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -35,7 +35,14 @@ struct RunKey {
 
 enum Run {
     InFlight(AbortHandle),
-    Finished(ToolResult),
+    Finished(ToolRun),
+}
+
+fn status_of(run: &ToolRun) -> RunStatus {
+    match run {
+        ToolRun::Done(result) => RunStatus::Finished(result.clone()),
+        ToolRun::Task(task) => RunStatus::Task(task.clone()),
+    }
 }
 
 /// The operator's background runs, shared by every reconcile.
@@ -69,7 +76,7 @@ impl Background {
         };
         let mut runs = self.runs.lock().expect("runs lock");
         match runs.get(&key) {
-            Some(Run::Finished(result)) => return RunStatus::Finished(result.clone()),
+            Some(Run::Finished(run)) => return status_of(run),
             Some(Run::InFlight(_)) => return RunStatus::InFlight,
             None => {}
         }
@@ -81,8 +88,8 @@ impl Background {
         let task_key = key.clone();
         info!(session = %session, token = %key.token, attempt, tool = %call.name, "background run started");
         let task = tokio::spawn(async move {
-            let result = tools.run(&call, &idempotency_key, Some(timeout)).await;
-            let ok = matches!(result, ToolResult::Success { .. });
+            let result = tools.start(&call, &idempotency_key, Some(timeout)).await;
+            let ok = !matches!(result, ToolRun::Done(ToolResult::Error { .. }));
             this.runs
                 .lock()
                 .expect("runs lock")
@@ -103,7 +110,7 @@ impl Background {
             attempt,
         };
         match self.runs.lock().expect("runs lock").get(&key) {
-            Some(Run::Finished(result)) => RunStatus::Finished(result.clone()),
+            Some(Run::Finished(run)) => status_of(run),
             _ => RunStatus::InFlight,
         }
     }

@@ -1306,6 +1306,7 @@ fn count(metrics: &crate::observe::Metrics, p: &Progress) {
                 crate::core::WaitingFor::Background => "runAsync",
                 crate::core::WaitingFor::Isolated => "runIsolated",
                 crate::core::WaitingFor::External => "defer",
+                crate::core::WaitingFor::McpTask => "mcpTask",
             };
             metrics.tool_call(how, TOOL_DEFERRED);
         }

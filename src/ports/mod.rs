@@ -8,6 +8,7 @@
 //! reconcile (which needs `Send + 'static` futures) and ports can be trait
 //! objects (one model client per Agent, chosen at run time).
 
+use crate::core::call::TaskHandle;
 use crate::core::envelope::CallEnvelope;
 use crate::core::session::ContinuationSpec;
 use crate::core::{
@@ -109,6 +110,27 @@ pub trait ModelPort: Send + Sync {
         -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
 }
 
+/// How a tool run ended: with its result, or (an MCP server's answer)
+/// with a task to poll for it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolRun {
+    Done(ToolResult),
+    Task(TaskHandle),
+}
+
+/// What a poll of an MCP task found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskPoll {
+    /// Still working; poll again after `poll_ms` (the server's latest
+    /// word, or the handle's).
+    Working,
+    /// Waits for answers to these requests (`inputRequests`, JSON).
+    AsksForInput(String),
+    /// Ended: the tool's result, or an error saying how the task failed,
+    /// was cancelled or was lost.
+    Ended(ToolResult),
+}
+
 /// Tools that run inside the step (`runSync`): builtins and HTTP.
 pub trait ToolPort: Send + Sync {
     fn run<'a>(
@@ -116,7 +138,31 @@ pub trait ToolPort: Send + Sync {
         call: &'a ToolCall,
         idempotency_key: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, ToolResult>;
+    ) -> BoxFuture<'a, ToolRun>;
+
+    /// How the task `call` became is doing (`tasks/get`), after giving
+    /// it `answers` (`inputResponses`, JSON) where there are some. Reads
+    /// only, apart from the answers.
+    fn poll_task<'a>(
+        &'a self,
+        call: &'a ToolCall,
+        task: &'a TaskHandle,
+        answers: Option<&'a str>,
+    ) -> BoxFuture<'a, TaskPoll> {
+        let _ = (task, answers);
+        let name = call.name.clone();
+        Box::pin(async move {
+            TaskPoll::Ended(ToolResult::error(format!(
+                "tool {name:?} cannot have tasks here"
+            )))
+        })
+    }
+
+    /// The task is no longer wanted (`tasks/cancel`); best effort.
+    fn cancel_task<'a>(&'a self, call: &'a ToolCall, task: &'a TaskHandle) -> BoxFuture<'a, ()> {
+        let _ = (call, task);
+        Box::pin(async {})
+    }
 }
 
 /// How a background or isolated attempt runs.
@@ -134,6 +180,9 @@ pub enum RunStatus {
     Finished(ToolResult),
     /// Under way; its end makes the driver step again (a watch, a wake-up).
     InFlight,
+    /// The attempt (an MCP tool's) was answered with a task: the call
+    /// waits on it now.
+    Task(TaskHandle),
 }
 
 /// Runs background and isolated attempts. `start` is idempotent per token

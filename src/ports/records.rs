@@ -93,6 +93,10 @@ pub struct ContinuationRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
     pub created_at: Millis,
+    /// Answers people gave to the call's MCP task's request for input
+    /// (an `inputResponses` object, JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers: Option<String>,
 }
 
 impl ContinuationRecord {

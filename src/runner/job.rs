@@ -644,13 +644,13 @@ impl JobRunner {
         let owner = match self.owner(token).await {
             Step::Go(o) => o,
             Step::Done(RunStatus::Finished(r)) => return Some(r),
-            Step::Done(RunStatus::InFlight) => return None,
+            Step::Done(RunStatus::InFlight | RunStatus::Task(_)) => return None,
         };
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
         match jobs.get_opt(&job_name(token, attempt)).await {
             Ok(Some(job)) => match self.status_of(&job, token, &owner).await {
                 RunStatus::Finished(r) => Some(r),
-                RunStatus::InFlight => None,
+                RunStatus::InFlight | RunStatus::Task(_) => None,
             },
             _ => None,
         }

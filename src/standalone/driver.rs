@@ -11,7 +11,7 @@ use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, RunKind, RunStatus, RunnerPort,
     SessionPort, StepOutcome, SystemClock,
 };
-use crate::ports::AdminPort;
+use crate::ports::{AdminPort, ToolRun};
 use crate::runner::container::ContainerRunner;
 use crate::runner::ProcessRunner;
 use crate::store::{ContinuationRecord, SessionRecord, StoreError};
@@ -74,13 +74,18 @@ impl RunnerPort for LocalRunner<'_> {
         Box::pin(async move {
             let result = match kind {
                 RunKind::Background => {
-                    self.tools
-                        .run(
+                    let run = self
+                        .tools
+                        .start(
                             &envelope.tool_call,
                             &envelope.context.idempotency_key,
                             Some(timeout),
                         )
-                        .await
+                        .await;
+                    match run {
+                        ToolRun::Done(result) => result,
+                        ToolRun::Task(task) => return RunStatus::Task(task),
+                    }
                 }
                 RunKind::Isolated(spec) if !spec.image.is_empty() => {
                     self.container

@@ -1133,6 +1133,7 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
         completed_by,
         completed_at,
         decision,
+        answers: status.answers.as_ref().map(|a| a.input_responses.clone()),
         created_at: c
             .metadata
             .creation_timestamp

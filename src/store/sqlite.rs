@@ -449,6 +449,7 @@ fn continuation_from_row(row: ContinuationRow) -> StoreResult<ContinuationRecord
         completed_at: completed_at.map(Millis),
         decision: decision.map(|d| from_json(&what, &d)).transpose()?,
         created_at: Millis(created_at),
+        answers: None,
     })
 }
 

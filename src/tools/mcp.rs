@@ -26,12 +26,12 @@
 //!
 //! **Results.** A `tools/call` result with `isError: true`, and a JSON-RPC
 //! error, are error results for the model. A result whose `resultType` is
-//! not `complete` (the Tasks extension answers with a task handle there)
-//! is recognised in [`interpret_call`], the one place that would turn it
-//! into a waiting call.
+//! `task` (the Tasks extension) is a task handle: the call waits on it
+//! ([`tasks`]).
 
 mod http;
 mod stdio;
+mod tasks;
 mod toolbox;
 
 use crate::core::policy::EnvVarSpec;
@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 pub use http::HttpEndpoint;
 pub use stdio::StdioEndpoint;
+pub use tasks::{answer_of, poll_of, TASKS_EXTENSION};
 pub use toolbox::{DiscoverError, ServerListing};
 
 /// The stateless revision spoken first.
@@ -322,16 +323,24 @@ impl Connection {
                     .or_insert_with(|| Value::Object(Map::new()));
                 if let Some(meta) = meta.as_object_mut() {
                     meta.insert(META_VERSION.into(), json!(MODERN_VERSION));
-                    meta.insert(META_CAPABILITIES.into(), json!({}));
+                    meta.insert(
+                        META_CAPABILITIES.into(),
+                        json!({"extensions": {TASKS_EXTENSION: {}}}),
+                    );
                     meta.insert(META_CLIENT.into(), client_info());
                 }
                 (MODERN_VERSION, None)
             }
             Era::Legacy { version, session } => (version.as_str(), session.as_deref()),
         };
-        let name = (method == "tools/call" && *era == Era::Modern)
-            .then(|| params.get("name").and_then(Value::as_str))
-            .flatten();
+        // `Mcp-Name`: the tool of a call, the task of a tasks/ request.
+        let name = match method {
+            "tools/call" => params.get("name"),
+            m if m.starts_with("tasks/") => params.get("taskId"),
+            _ => None,
+        }
+        .and_then(Value::as_str)
+        .filter(|_| *era == Era::Modern);
         let message = json!({
             "jsonrpc": "2.0",
             "id": self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -470,14 +479,13 @@ fn parse_tool(t: &Value) -> Result<McpTool, McpError> {
 /// The model's answer from a `tools/call` result: content as text (or
 /// media), `isError` as an error result.
 pub fn interpret_call(result: &Value) -> ToolResult {
-    // MCP Tasks (`io.modelcontextprotocol/tasks`) answer with a result of
-    // another type (a task handle): the place to turn it into a waiting
-    // call. Until then it is an error the model can read.
+    // A task handle is taken by `answer_of` before this; any other type
+    // (a request for input) is an error the model can read.
     match result.get("resultType").and_then(Value::as_str) {
         None | Some("complete") => {}
         Some(other) => {
             return ToolResult::error(format!(
-                "the MCP server answered with a result of type {other:?} (a task or a request for input), which this runtime does not take yet"
+                "the MCP server answered with a result of type {other:?} (a request for input outside a task), which this client does not take"
             ))
         }
     }
@@ -539,6 +547,8 @@ fn content_part(c: &Value) -> ToolResponse {
 pub struct McpPool {
     connections: Mutex<HashMap<String, Arc<Connection>>>,
     listings: Mutex<HashMap<String, (Instant, Listing)>>,
+    /// Polls of a task in a row that failed to reach its server.
+    unreachable: Mutex<HashMap<String, u32>>,
 }
 
 impl std::fmt::Debug for McpPool {
@@ -673,7 +683,7 @@ mod tests {
                 content: json!({"a": 1})
             })
         );
-        let r = interpret_call(&json!({"resultType": "task", "task": {"taskId": "t"}}));
+        let r = interpret_call(&json!({"resultType": "input_required", "inputRequests": {}}));
         assert!(r.is_error(), "{r:?}");
         let r = interpret_call(
             &json!({"content": [{"type": "image", "mimeType": "image/png", "data": "AAAA"}, {"type": "text", "text": "x"}]}),

@@ -9,10 +9,12 @@
 //! off the list, asked or redirected to, fails its call before any request
 //! goes to it.
 
+use crate::core::call::TaskHandle;
 use crate::core::policy::EnvVarSpec;
 use crate::core::{ToolCall, ToolResponse, ToolResult, ToolSchema};
 use crate::http;
 use crate::http::allow::AllowedUrls;
+use crate::ports::{TaskPoll, ToolRun};
 use mcp::{McpPool, McpServerDef};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -233,33 +235,53 @@ impl Toolbox {
             .collect()
     }
 
-    /// Runs `call` here. Every failure is a tool error result for the
-    /// model, never a driver error: the session goes on.
+    /// Runs `call` here where it cannot become a task (a worker's run):
+    /// a task handle is an error result.
     pub async fn run(
         &self,
         call: &ToolCall,
         idempotency_key: &str,
         timeout: Option<Duration>,
     ) -> ToolResult {
+        match self.start(call, idempotency_key, timeout).await {
+            ToolRun::Done(result) => result,
+            ToolRun::Task(task) => ToolResult::error(format!(
+                "tool {:?} answered with MCP task {}, which this runner cannot wait for; run the call runSync or runAsync",
+                call.name, task.id
+            )),
+        }
+    }
+
+    /// Runs `call` here: its result, or the MCP task it became. Every
+    /// failure is a tool error result for the model, never a driver
+    /// error: the session goes on.
+    pub async fn start(
+        &self,
+        call: &ToolCall,
+        idempotency_key: &str,
+        timeout: Option<Duration>,
+    ) -> ToolRun {
         let Some(def) = self.tools.get(&call.name) else {
-            return ToolResult::error(format!("unknown tool {:?}", call.name));
+            return ToolRun::Done(ToolResult::error(format!("unknown tool {:?}", call.name)));
         };
         let args = match call.parsed_arguments() {
             Ok(a) => a,
-            Err(e) => return ToolResult::error(e),
+            Err(e) => return ToolRun::Done(ToolResult::error(e)),
         };
         let work = async {
             match &def.kind {
-                ToolKind::Builtin { function } => builtin(function, &args).await,
+                ToolKind::Builtin { function } => ToolRun::Done(builtin(function, &args).await),
                 ToolKind::Http { url, headers } => {
                     let lookup = |k: &str| self.secret(k);
-                    self.http_call(url, headers, &args, idempotency_key, &lookup)
-                        .await
+                    ToolRun::Done(
+                        self.http_call(url, headers, &args, idempotency_key, &lookup)
+                            .await,
+                    )
                 }
-                ToolKind::Container => ToolResult::error(format!(
+                ToolKind::Container => ToolRun::Done(ToolResult::error(format!(
                     "tool {:?} is a container tool; it runs only isolated",
                     call.name
-                )),
+                ))),
                 ToolKind::Mcp { server } => {
                     self.mcp_call(server, &call.name, &args, idempotency_key)
                         .await
@@ -267,10 +289,36 @@ impl Toolbox {
             }
         };
         match timeout {
-            Some(t) => tokio::time::timeout(t, work)
-                .await
-                .unwrap_or_else(|_| ToolResult::error(format!("timed out after {}s", t.as_secs()))),
+            Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
+                ToolRun::Done(ToolResult::error(format!(
+                    "timed out after {}s",
+                    t.as_secs()
+                )))
+            }),
             None => work.await,
+        }
+    }
+
+    /// How the MCP task `call` became is doing (see [`crate::ports::ToolPort::poll_task`]).
+    pub async fn poll_task(
+        &self,
+        call: &ToolCall,
+        task: &TaskHandle,
+        answers: Option<&str>,
+    ) -> TaskPoll {
+        match self.tools.get(&call.name).map(|d| &d.kind) {
+            Some(ToolKind::Mcp { server }) => self.mcp_poll(server, task, answers).await,
+            _ => TaskPoll::Ended(ToolResult::error(format!(
+                "tool {:?} waits on MCP task {}, but the agent has no MCP tool of that name now",
+                call.name, task.id
+            ))),
+        }
+    }
+
+    /// Cancels the MCP task `call` became (best effort).
+    pub async fn cancel_task(&self, call: &ToolCall, task: &TaskHandle) {
+        if let Some(ToolKind::Mcp { server }) = self.tools.get(&call.name).map(|d| &d.kind) {
+            self.mcp_cancel(server, task).await;
         }
     }
 

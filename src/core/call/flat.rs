@@ -5,7 +5,8 @@
 //! bug), naming the call and the problem.
 
 use super::{
-    Approval, Attempt, CallStage, CallState, Claim, Outcome, TrackedToolCall, Wait, WaitingFor,
+    Approval, Attempt, CallStage, CallState, Claim, Outcome, TaskHandle, TrackedToolCall, Wait,
+    WaitingFor,
 };
 use crate::core::conversation::{ToolCall, ToolResult};
 use crate::core::ids::{CallId, ContinuationToken};
@@ -39,6 +40,12 @@ pub struct FlatCall {
     pub retry_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Claim>,
+    /// The MCP task the call became.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskHandle>,
+    /// What the MCP task asks for (JSON), while it waits for input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_asks: Option<String>,
 }
 
 /// A stored call that cannot be loaded, and why.
@@ -54,6 +61,7 @@ impl From<TrackedToolCall> for FlatCall {
     fn from(c: TrackedToolCall) -> Self {
         let state = c.state();
         let (waiting_for, deadline) = (c.waiting_for(), c.deadline());
+        let task_asks = c.task_asks().map(str::to_string);
         let (claim, retry_at) = c.attempt().cloned().unwrap_or_default().into_parts();
         let (result, completed_by) = match c.stage.into_outcome() {
             Some(o) => (Some(o.result), Some(o.by)),
@@ -73,6 +81,8 @@ impl From<TrackedToolCall> for FlatCall {
             deadline,
             retry_at,
             claim,
+            task: c.task,
+            task_asks,
         }
     }
 }
@@ -93,6 +103,7 @@ impl TryFrom<FlatCall> for TrackedToolCall {
             attempts: f.attempts,
             token: f.token,
             approval: f.approval,
+            task: f.task,
             stage,
         })
     }
@@ -114,6 +125,9 @@ fn stage(f: &FlatCall) -> Result<CallStage, &'static str> {
         if f.deadline.is_some() {
             return Err("has a deadline but is not Deferred");
         }
+    }
+    if f.task_asks.is_some() && f.waiting_for != Some(WaitingFor::McpTask) {
+        return Err("holds an MCP task's request for input but waits on no task");
     }
     if !f.state.is_final() && outcome.is_some() {
         return Err("holds a result but is not final");
@@ -152,6 +166,12 @@ fn deferred(f: &FlatCall, attempt: Attempt) -> Result<CallStage, &'static str> {
         (WaitingFor::Approval, _) if f.approval.is_some() => {
             return Err("waits for an approval it already has")
         }
+        (WaitingFor::McpTask, _) if f.task.is_none() => {
+            return Err("waits for an MCP task but holds no task id")
+        }
+        (WaitingFor::McpTask, Attempt::Unclaimed) => Wait::McpTask {
+            asks: f.task_asks.clone(),
+        },
         (other, Attempt::Unclaimed) => Wait::new(other),
     };
     Ok(CallStage::Deferred {

@@ -2,8 +2,10 @@
 //! by [`Toolbox::discover`] (each listed tool becomes a tool of the
 //! toolbox, called by its own name), called by [`Toolbox::run`].
 
-use super::{interpret_call, resolve, Endpoint, McpPool, McpServerDef, McpTool};
+use super::{answer_of, resolve, Endpoint, McpPool, McpServerDef, McpTool, Resolved};
+use crate::core::call::TaskHandle;
 use crate::core::ToolResult;
+use crate::ports::{TaskPoll, ToolRun};
 use crate::tools::{check_header, ToolDef, ToolError, ToolKind, Toolbox};
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -189,36 +191,65 @@ impl Toolbox {
         }
     }
 
-    /// `tools/call` of tool `name` on `server`: its result, `isError` and
-    /// JSON-RPC errors as error results.
+    /// `tools/call` of tool `name` on `server`: its result (`isError` and
+    /// JSON-RPC errors as error results), or the task it became.
     pub(crate) async fn mcp_call(
         &self,
         server: &McpServerDef,
         name: &str,
         args: &Map<String, Value>,
         idempotency_key: &str,
-    ) -> ToolResult {
-        let failed = |e: String| {
-            ToolResult::error(format!(
+    ) -> ToolRun {
+        let resolved = match self.mcp_resolve(server, &format!("tools/call {name}")) {
+            Ok(r) => r,
+            Err(refused) => return ToolRun::Done(refused),
+        };
+        match self.mcp.call(resolved, name, args, idempotency_key).await {
+            Ok(result) => answer_of(&result),
+            Err(e) => ToolRun::Done(ToolResult::error(format!(
                 "mcp server {:?} ({}): tools/call {name}: {e}",
                 server.name,
                 server.endpoint.describe()
-            ))
-        };
+            ))),
+        }
+    }
+
+    /// Polls the task a call of `server`'s became.
+    pub(crate) async fn mcp_poll(
+        &self,
+        server: &McpServerDef,
+        task: &TaskHandle,
+        answers: Option<&str>,
+    ) -> TaskPoll {
+        match self.mcp_resolve(server, &format!("tasks/get {}", task.id)) {
+            Ok(resolved) => self.mcp.poll_task(resolved, task, answers).await,
+            Err(refused) => TaskPoll::Ended(refused),
+        }
+    }
+
+    /// Cancels the task a call of `server`'s became (best effort).
+    pub(crate) async fn mcp_cancel(&self, server: &McpServerDef, task: &TaskHandle) {
+        if let Ok(resolved) = self.mcp_resolve(server, &format!("tasks/cancel {}", task.id)) {
+            self.mcp.cancel_task(resolved, task).await;
+        }
+    }
+
+    /// How `server` is reached now (the allow-list and secrets applied),
+    /// or the error result saying why it cannot be, for `what`.
+    fn mcp_resolve(&self, server: &McpServerDef, what: &str) -> Result<Resolved, ToolResult> {
         if let Endpoint::Http { url, .. } = &server.endpoint {
             if let Err(e) = self.check_allowed(&server.name, url) {
-                return ToolResult::error(e.to_string());
+                return Err(ToolResult::error(e.to_string()));
             }
         }
         let lookup = |k: &str| self.secret(k);
-        let resolved = match resolve(&server.endpoint, self.allowed_urls.clone(), &lookup) {
-            Ok(r) => r,
-            Err(e) => return failed(e.to_string()),
-        };
-        match self.mcp.call(resolved, name, args, idempotency_key).await {
-            Ok(result) => interpret_call(&result),
-            Err(e) => failed(e.to_string()),
-        }
+        resolve(&server.endpoint, self.allowed_urls.clone(), &lookup).map_err(|e| {
+            ToolResult::error(format!(
+                "mcp server {:?} ({}): {what}: {e}",
+                server.name,
+                server.endpoint.describe()
+            ))
+        })
     }
 }
 
