@@ -238,7 +238,7 @@ fn bad_mcp_entries_are_refused_before_the_session_runs_and_say_how_to_fix_them()
     let cases = [
         (
             format!("      - name: srv\n        mcp: {{url: \"{url}\", tools: [add, nope]}}"),
-            format!("mcp server \"srv\" ({url}) offers no tool \"nope\", which its `tools:` names; it offers: add, greet, slow_echo, refuse, hidden"),
+            format!("mcp server \"srv\" ({url}) offers no tool \"nope\", which its `tools:` names; it offers: add, greet, slow_echo, refuse, long_job, confirm, hidden"),
         ),
         (
             format!("      - name: add\n        builtin: {{function: add}}\n      - name: srv\n        mcp: {{url: \"{url}\"}}"),
@@ -332,4 +332,87 @@ spec:
     assert!(out.contains("result t1-c1 add [runAsync]: 3"), "{out}");
     assert!(out.contains("answer: greeted"), "{out}");
     assert_eq!(server.calls().len(), 1, "{:?}", server.calls());
+}
+
+/// A call the server answers with a task (`long_job`): `agents run` polls
+/// it at the server's interval (one `tools/call`, `tasks/get` until it
+/// ends) and the model gets the task's result; a timed-out task is
+/// cancelled with `tasks/cancel` and the model is told.
+#[test]
+fn an_mcp_task_is_polled_until_it_ends_and_a_timed_out_one_is_cancelled() {
+    let server = McpServer::start("standalone-task", &[]);
+    let s = Scratch::new("mcp-task");
+    let session = |name: &str, ms: u32, rule: &str| {
+        format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: {name}}}
+spec:
+  messages: ["run the job"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: long_job, arguments: {{text: report, ms: {ms}}}}}]
+          - text: finished
+    policy:
+      rules: [{rule}]
+    tools:
+      - name: jobs
+        mcp: {{url: "{url}", tools: [long_job]}}
+"#,
+            url = server.url()
+        )
+    };
+    let file = s.write(
+        "task.yaml",
+        &session("task", 2500, "{tool: long_job, disposition: runSync}"),
+    );
+    let run = s.run(&["run", "-f", &file.display().to_string()]);
+    let out = run.ok();
+    assert!(
+        out.contains("result t1-c0 long_job [mcp-task]: done: report"),
+        "{out}"
+    );
+    assert!(out.contains("answer: finished"), "{out}");
+    let calls = server.calls();
+    let started: Vec<_> = calls.iter().filter(|c| c["tool"] == "long_job").collect();
+    assert_eq!(started.len(), 1, "{calls:?}");
+    assert_eq!(
+        started[0]["tasks"], true,
+        "the client declares the tasks extension"
+    );
+    let polls = calls.iter().filter(|c| c["method"] == "tasks/get").count();
+    assert!(
+        (2..=5).contains(&polls),
+        "polled at the 1 s interval: {polls} polls"
+    );
+    // Shown in the session: the call waited on the task, by mcp-task.
+    let shown = s.run(&["session", "show", "task", "-o", "json"]);
+    assert!(shown.ok().contains("mcp-task"), "{}", shown.stdout);
+
+    let file = s.write(
+        "slow.yaml",
+        &session(
+            "slow",
+            60_000,
+            "{tool: long_job, disposition: runSync, timeoutSeconds: 3}",
+        ),
+    );
+    let run = s.run(&["run", "-f", &file.display().to_string()]);
+    assert!(run.ok().contains("answer: finished"), "{}", run.stdout);
+    let shown = s.run(&["session", "show", "slow", "-o", "json"]);
+    let out = shown.ok();
+    assert!(
+        out.contains("timed out after 3s waiting for its MCP task"),
+        "{out}"
+    );
+    let cancels: Vec<_> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tasks/cancel")
+        .collect();
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
 }

@@ -15,6 +15,16 @@ initialize handshake offers) is refused with 400, as servers before the
 2026-07-28 revision refuse it, so the client must fall back to initialize and
 Mcp-Session-Id.
 
+Tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663, wire revision
+2026-07-28) are served by the SDK's extension interface (`mcp.server.extension`,
+which the SDK offers for exactly this): `long_job` answers a client that declares
+the extension with a task handle and completes after `ms` milliseconds;
+`confirm` makes a task that asks for input (an elicitation) and completes with
+the answer given through `tasks/update`. `tasks/get`, `tasks/update` and
+`tasks/cancel` are served; tasks live in this process (a client that restarts
+polls them again). A client that does not declare the extension gets
+`long_job`'s result at once, as the extension requires.
+
 Every call is appended as one JSON line to $MCP_CALL_LOG when it is set, with
 the protocol version it came under, the idempotency key in its `_meta` and the
 X-Team / Authorization headers (stdio: none), so tests can see what ran, under which revision, with which
@@ -27,11 +37,138 @@ import json
 import os
 import sys
 
+import time
+import uuid
+from typing import Any
+
+from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import RequestParams
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-server = MCPServer("agents-test-mcp")
+TASKS = "io.modelcontextprotocol/tasks"
+POLL_MS = int(os.environ.get("MCP_TASK_POLL_MS", "1000"))
+
+
+def log_line(entry: dict) -> None:
+    path = os.environ.get("MCP_CALL_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class TaskParams(RequestParams):
+    taskId: str
+    inputResponses: dict[str, Any] | None = None
+
+
+class Tasks(Extension):
+    """The tasks extension: a task per long_job/confirm call, in memory."""
+
+    identifier = TASKS
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict] = {}
+
+    def methods(self):
+        return [
+            MethodBinding("tasks/get", TaskParams, self.get),
+            MethodBinding("tasks/update", TaskParams, self.update),
+            MethodBinding("tasks/cancel", TaskParams, self.cancel),
+        ]
+
+    async def intercept_tool_call(self, params, ctx, call_next):
+        name = params.name
+        if name not in ("long_job", "confirm"):
+            return await call_next(ctx)
+        caps = ctx.session.client_capabilities
+        declared = caps.extensions if caps and caps.extensions else {}
+        args = params.arguments or {}
+        meta = params.meta or {}
+        key = meta.get("agents-exe.io/idempotencyKey") if isinstance(meta, dict) else None
+        log_line({"tool": name, "args": args, "idempotencyKey": key, "tasks": TASKS in declared})
+        if TASKS not in declared:
+            return await call_next(ctx)
+        task_id = str(uuid.uuid4())
+        task = {
+            "taskId": task_id,
+            "status": "working",
+            "createdAt": now_iso(),
+            "lastUpdatedAt": now_iso(),
+            "ttlMs": None,
+            "pollIntervalMs": POLL_MS,
+            "tool": name,
+            "args": args,
+            "done_at": time.monotonic() + int(args.get("ms", 0)) / 1000,
+        }
+        if name == "confirm":
+            task["status"] = "input_required"
+            task["inputRequests"] = {
+                "q1": {
+                    "method": "elicitation/create",
+                    "params": {
+                        "message": args.get("question", "Proceed?"),
+                        "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+                    },
+                }
+            }
+        self.tasks[task_id] = task
+        return {"resultType": "task", **public(task)}
+
+    def advance(self, task: dict) -> None:
+        if task["status"] == "working" and time.monotonic() >= task["done_at"]:
+            task["status"] = "completed"
+            task["lastUpdatedAt"] = now_iso()
+            if task["tool"] == "long_job":
+                text = f"done: {task['args'].get('text', '')}"
+            else:
+                text = f"confirmed: {json.dumps(task.get('answers'), sort_keys=True)}"
+            task["result"] = {"content": [{"type": "text", "text": text}], "isError": False}
+
+    def find(self, params: TaskParams) -> dict:
+        task = self.tasks.get(params.taskId)
+        if task is None:
+            raise ToolError(f"no task {params.taskId}")
+        return task
+
+    async def get(self, ctx, params: TaskParams):
+        task = self.find(params)
+        self.advance(task)
+        log_line({"method": "tasks/get", "taskId": params.taskId, "status": task["status"]})
+        return {"resultType": "complete", **public(task)}
+
+    async def update(self, ctx, params: TaskParams):
+        task = self.find(params)
+        log_line({"method": "tasks/update", "taskId": params.taskId, "inputResponses": params.inputResponses})
+        outstanding = task.get("inputRequests") or {}
+        answers = {k: v for k, v in (params.inputResponses or {}).items() if k in outstanding}
+        if task["status"] == "input_required" and answers:
+            task["answers"] = answers
+            task["status"] = "working"
+            task.pop("inputRequests", None)
+            task["done_at"] = time.monotonic()
+        return {"resultType": "complete"}
+
+    async def cancel(self, ctx, params: TaskParams):
+        task = self.find(params)
+        log_line({"method": "tasks/cancel", "taskId": params.taskId})
+        if task["status"] in ("working", "input_required"):
+            task["status"] = "cancelled"
+            task["statusMessage"] = "cancelled by the client"
+        return {"resultType": "complete"}
+
+
+def public(task: dict) -> dict:
+    keys = ("taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs", "result", "inputRequests")
+    return {k: task[k] for k in keys if k in task}
+
+
+server = MCPServer("agents-test-mcp", extensions=[Tasks()])
 
 
 def record(ctx: Context, tool: str, args: dict) -> None:
@@ -83,6 +220,19 @@ def refuse(reason: str, ctx: Context) -> str:
     """Always fails with `reason` (an isError result)."""
     record(ctx, "refuse", {"reason": reason})
     raise ToolError(f"refused: {reason}")
+
+
+@server.tool()
+async def long_job(text: str, ms: int, ctx: Context) -> str:
+    """A long job: a task to poll for clients of the tasks extension, else waits `ms` and answers."""
+    await asyncio.sleep(ms / 1000)
+    return f"done: {text}"
+
+
+@server.tool()
+def confirm(question: str, ctx: Context) -> str:
+    """Asks a person `question` (a task that asks for input)."""
+    raise ToolError("confirm needs a client of the tasks extension")
 
 
 @server.tool()
