@@ -277,6 +277,22 @@ pub enum SessionCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Answer an MCP task's request for input (the call waits for
+    /// `mcpTask`, and `agents session show` prints what it asks). The
+    /// operator hands the answers to the server with `tasks/update`.
+    Answer {
+        /// The continuation token.
+        token: String,
+        /// The answers: an `inputResponses` object, one entry per key the
+        /// task asks under, e.g. `{"q1": {"action": "accept", "content": {"ok": true}}}`.
+        answers: String,
+        /// Who answers; in a cluster, your user name as the API server
+        /// knows it, which is the default.
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Approve a call that waits for approval; it then runs per its policy.
     Approve {
         token: String,

@@ -49,6 +49,7 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         | SessionCommand::Retry { session, .. }
         | SessionCommand::RunIsolated { session, .. } => check_name("session", session)?,
         SessionCommand::Complete { token, by, .. }
+        | SessionCommand::Answer { token, by, .. }
         | SessionCommand::Approve { token, by, .. }
         | SessionCommand::Deny { token, by, .. } => {
             check_name("token", token)?;
@@ -96,6 +97,12 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             let result = commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
             commands::complete(&token, result, by.as_deref(), &sel(&store)).await
         }
+        SessionCommand::Answer {
+            token,
+            answers,
+            by,
+            store,
+        } => commands::answer(&token, &answers, by.as_deref(), &sel(&store)).await,
         SessionCommand::Approve {
             token,
             args_file,

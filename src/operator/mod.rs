@@ -21,6 +21,7 @@ pub mod agents;
 pub mod background;
 pub mod events;
 pub mod notify;
+mod task_cancel;
 
 use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
 use crate::api::agent::ModelProvider;
@@ -1061,7 +1062,9 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     if session.metadata.deletion_timestamp.is_some() {
-        // Its continuations go by garbage collection; its runs by the sweep.
+        // Its continuations go by garbage collection; its runs by the
+        // sweep; its MCP tasks are cancelled here.
+        task_cancel::cancel_then_release(&ctx, &session, &ns).await?;
         return Ok(Action::await_change());
     }
     let ttl = session
@@ -1084,6 +1087,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     let (report, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
     let id = SessionId(name.clone());
     let settled = store.settle(&id, &report.state).await?;
+    task_cancel::keep_finalizer(&ctx, &session, &ns, &report.state).await?;
     ctx.background
         .prune(&session.uid().unwrap_or_default(), &report.state);
     ctx.failures

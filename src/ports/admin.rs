@@ -7,6 +7,7 @@ use super::StorePorts;
 use crate::api::{AgentSpec, SessionSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::records::*;
+use crate::ports::StoreError;
 use futures::future::BoxFuture;
 
 /// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
@@ -48,6 +49,25 @@ pub trait AdminPort: StorePorts {
     fn identity(&self) -> BoxFuture<'_, StoreResult<String>> {
         let user = std::env::var("USER").unwrap_or_else(|_| "cli".into());
         Box::pin(async move { Ok(user) })
+    }
+
+    /// Records `answers` (an `inputResponses` object, JSON) to the MCP
+    /// task behind `token`'s request for input, signed `by`; a later
+    /// answer replaces it. The driver delivers it with `tasks/update`.
+    fn answer_task<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        answers: &'a str,
+        by: &'a str,
+        now: crate::core::Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        let _ = (answers, by, now);
+        Box::pin(async move {
+            Err(StoreError::NotAccepting {
+                token: token.clone(),
+                why: "answers to an MCP task are taken in a cluster (--store kube) only; here the task's request for input stays open".into(),
+            })
+        })
     }
 
     /// Every session, by id.

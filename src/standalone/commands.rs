@@ -554,6 +554,44 @@ pub async fn complete(
     }
 }
 
+/// The most an answer may hold (the Continuation's field is bounded).
+const MAX_ANSWERS_BYTES: usize = 16 * 1024;
+
+pub async fn answer(
+    token: &str,
+    answers: &str,
+    by: Option<&str>,
+    sel: &StoreSel,
+) -> anyhow::Result<ExitCode> {
+    let parsed: serde_json::Value = serde_json::from_str(answers).map_err(|e| {
+        anyhow::anyhow!("the answers are not JSON ({e}); give an inputResponses object, e.g. '{{\"q1\": {{\"action\": \"accept\", \"content\": {{\"ok\": true}}}}}}'")
+    })?;
+    if !parsed.is_object() || parsed.as_object().is_some_and(|o| o.is_empty()) {
+        bail!("the answers must be a JSON object with one entry per key the task asks under (see `agents session show`)");
+    }
+    let compact = parsed.to_string();
+    if compact.len() > MAX_ANSWERS_BYTES {
+        bail!(
+            "the answers hold {} bytes; at most {MAX_ANSWERS_BYTES} are taken",
+            compact.len()
+        );
+    }
+    let (store, token, record) = open_continuation(sel, token).await?;
+    if record.spec.waiting_for != WaitingFor::McpTask {
+        bail!("{token} does not wait on an MCP task; answers go to a task that asks for input (its call waits for mcpTask)");
+    }
+    if record.is_completed() {
+        bail!("{token} is already completed; its task needs no more input");
+    }
+    let by = &signer(&store, by).await?;
+    store.answer_task(&token, &compact, by, now()).await?;
+    out::line(&format!(
+        "answered {token} ({}); the operator gives the answers to the MCP server at its next poll",
+        record.spec.tool_call.name
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn print_next_step(
     store: &AnyStore,
     session: &SessionId,

@@ -262,6 +262,12 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 (Some(WaitingFor::Background), _) => {
                     format!("agents session resume {sid_q}{flag}")
                 }
+                (Some(WaitingFor::McpTask), _) if c.task_asks().is_some() => format!(
+                    "agents session answer {token_q} '<inputResponses JSON>'{flag}"
+                ),
+                (Some(WaitingFor::McpTask), _) => {
+                    format!("agents session resume {sid_q}{flag}")
+                }
                 _ => format!("agents session complete {token_q} --text RESULT{flag}"),
             };
             Some(PendingCall {
@@ -269,8 +275,9 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 call: c.id.to_string(),
                 tool: c.call.name.clone(),
                 waiting_for: c.waiting_for(),
-                reason: match &c.policy.disposition {
-                    Disposition::Defer { reason } => Some(reason.clone()),
+                reason: match (&c.policy.disposition, c.task_asks()) {
+                    (_, Some(asks)) => Some(format!("the MCP task asks: {asks}")),
+                    (Disposition::Defer { reason }, _) => Some(reason.clone()),
                     _ => None,
                 },
                 command,

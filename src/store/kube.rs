@@ -839,6 +839,40 @@ impl KubeStore {
         self.write_once(token, "its decision", judge, status).await
     }
 
+    /// Writes the answers to an MCP task's request for input (replacing
+    /// any earlier ones; the server takes only outstanding keys).
+    pub async fn answer_continuation(
+        &self,
+        token: &ContinuationToken,
+        answers: &str,
+        by: &str,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let body = json!({"status": {"answers": {
+            "inputResponses": answers,
+            "by": by,
+            "answeredAt": convert::time(now),
+        }}});
+        self.count_write();
+        match self
+            .continuations
+            .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(StoreError::UnknownToken(token.clone()))
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {
+                Err(StoreError::NotAccepting {
+                    token: token.clone(),
+                    why: format!("the API server refused the answers: {}", s.message),
+                })
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
     /// One write-once write: read the continuation, ask the rules
     /// (`judge`), and patch the `status` part over the version read. A lost
     /// race re-reads; the CRD's rules refusing it (422) are judged again on

@@ -39,6 +39,15 @@ impl AdminPort for KubeStore {
     fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>> {
         Box::pin(self.list_sessions())
     }
+    fn answer_task<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        answers: &'a str,
+        by: &'a str,
+        now: crate::core::Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.answer_continuation(token, answers, by, now))
+    }
     fn continuation<'a>(
         &'a self,
         token: &'a ContinuationToken,
