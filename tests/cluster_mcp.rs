@@ -295,3 +295,217 @@ spec:
     drop(op);
     ns.delete(&client).await;
 }
+
+/// `agents --store kube -n NS ARGS`, as the admin user; its stdout.
+fn agents_ok(ns: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .args(["--store", "kube", "-n", ns])
+        .env("KUBECONFIG", support::kubeconfig_path().unwrap())
+        .env_remove("AGENTS_STORE")
+        .env_remove("AGENTS_NAMESPACE")
+        .output()
+        .expect("run agents");
+    assert!(
+        out.status.success(),
+        "agents {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls `what` until `ready` holds of its JSON (60 s).
+fn wait_until(ns: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let v = get_json(ns, what);
+        if ready(&v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never got there: {v}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+fn has_finalizer(v: &Value) -> bool {
+    v["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|x| x == "agents-exe.io/cancel-mcp-tasks"))
+}
+
+/// An Agent named `name` whose model calls `calls` (YAML flow list) and
+/// then answers `answer`, with the MCP server's task tools.
+fn task_agent(url: &str, name: &str, calls: &str, answer: &str) -> String {
+    format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: {name}}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls: {calls}
+        - text: {answer}
+  tools:
+    - name: jobs
+      mcp: {{url: "{url}", tools: [add, long_job, confirm]}}
+"#
+    )
+}
+
+fn session_of(name: &str, agent: &str) -> String {
+    format!(
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: {name}}}\nspec: {{agentRef: {{name: {agent}}}, messages: [go]}}\n"
+    )
+}
+
+/// The requested flow where the deferred call is an MCP task: the server
+/// answers `long_job` with a task; the operator is SIGKILLed while it
+/// runs; the new one polls the task from the Session's status (no second
+/// `tools/call`) and the model gets its result once. A task that asks for
+/// input is answered with `agents session answer` (delivered by
+/// `tasks/update`); a session deleted while its task runs sends
+/// `tasks/cancel` before it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_cancelled_on_deletion()
+{
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "mcptask").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let server = McpServer::start("cluster-task", &[]);
+    let url = server.url();
+    let allowed = format!(
+        "--http-tool-allowed-urls=http://127.0.0.1:{}/*",
+        server.port
+    );
+    let args = ["-n", ns.name.as_str(), allowed.as_str()];
+    let name = format!("mcptask-{}", ns.name);
+    let mut op = Operator::start(BIN, &name, &kubeconfig, &args, &[]);
+    let calls = "[{name: add, arguments: {a: 1, b: 2}}, {name: long_job, arguments: {text: report, ms: 6000}}]";
+    apply(&ns.name, "a1", &task_agent(&url, "jobs", calls, "done"));
+    apply(&ns.name, "s1", &session_of("flow", "jobs"));
+    let waiting = wait_until(&ns.name, "session/flow", |v| {
+        v["status"]["openTurn"]["calls"][1]["waitingFor"] == "mcpTask"
+    });
+    let task = waiting["status"]["openTurn"]["calls"][1]["task"]["id"].clone();
+    assert!(task.is_string(), "{waiting}");
+    let cont = wait_until(&ns.name, "continuation/flow-t1-c1", |v| {
+        v["status"]["waitingFor"] == "mcpTask"
+    });
+    assert!(
+        cont["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(task.as_str().unwrap()),
+        "{cont}"
+    );
+    wait_until(&ns.name, "session/flow", has_finalizer);
+    op.kill();
+    op = Operator::start(BIN, &format!("{name}-2"), &kubeconfig, &args, &[]);
+    wait_for(
+        &ns.name,
+        "session/flow",
+        "{.status.conditions[?(@.type==\"Succeeded\")].status}=True",
+    );
+    let session = get_json(&ns.name, "session/flow");
+    let mut found = Vec::new();
+    results(&session["status"], &mut found);
+    let long = found
+        .iter()
+        .find(|(t, _)| t == "long_job")
+        .expect("long_job's result");
+    assert_eq!(long.1["response"]["content"], "done: report", "{found:?}");
+    assert!(
+        !has_finalizer(&session),
+        "the finalizer goes once no task is open"
+    );
+    let cont = get_json(&ns.name, "continuation/flow-t1-c1");
+    assert_eq!(
+        cont["status"]["outcome"]["completedBy"], "mcp-task",
+        "{cont}"
+    );
+    let log = server.calls();
+    let started = log.iter().filter(|c| c["tool"] == "long_job").count();
+    assert_eq!(started, 1, "one tools/call across the kill: {log:?}");
+    let polls = log
+        .iter()
+        .filter(|c| c["method"] == "tasks/get" && c["taskId"] == task)
+        .count();
+    assert!(polls >= 2, "polled by both operators: {log:?}");
+
+    // A task that asks a person.
+    let ask = "[{name: confirm, arguments: {question: ship it?}}]";
+    apply(&ns.name, "a2", &task_agent(&url, "asker", ask, "shipped"));
+    apply(&ns.name, "s2", &session_of("ask", "asker"));
+    let asking = wait_until(&ns.name, "session/ask", |v| {
+        v["status"]["openTurn"]["calls"][0]["taskAsks"].is_string()
+    });
+    let asks = asking["status"]["openTurn"]["calls"][0]["taskAsks"]
+        .as_str()
+        .unwrap();
+    assert!(asks.contains("ship it?"), "{asks}");
+    let shown = agents_ok(&ns.name, &["session", "pending", "ask"]);
+    assert!(shown.contains("agents session answer ask-t1-c0"), "{shown}");
+    let answered = agents_ok(
+        &ns.name,
+        &[
+            "session",
+            "answer",
+            "ask-t1-c0",
+            r#"{"q1": {"action": "accept", "content": {"ok": true}}}"#,
+        ],
+    );
+    assert!(answered.contains("answered ask-t1-c0"), "{answered}");
+    wait_for(
+        &ns.name,
+        "session/ask",
+        "{.status.conditions[?(@.type==\"Succeeded\")].status}=True",
+    );
+    let mut found = Vec::new();
+    results(&get_json(&ns.name, "session/ask")["status"], &mut found);
+    let confirmed = found
+        .iter()
+        .find(|(t, _)| t == "confirm")
+        .expect("confirm's result");
+    assert!(
+        confirmed.1["response"]["content"]
+            .as_str()
+            .unwrap()
+            .contains(r#""ok": true"#),
+        "{found:?}"
+    );
+    let updates = server
+        .calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tasks/update")
+        .count();
+    assert!(updates >= 1, "the answers went back with tasks/update");
+
+    // Deleting a session whose task runs cancels the task.
+    let slow = "[{name: long_job, arguments: {text: never, ms: 600000}}]";
+    apply(&ns.name, "a3", &task_agent(&url, "slow", slow, "never"));
+    apply(&ns.name, "s3", &session_of("doomed", "slow"));
+    let doomed = wait_until(&ns.name, "session/doomed", |v| {
+        has_finalizer(v) && v["status"]["openTurn"]["calls"][0]["waitingFor"] == "mcpTask"
+    });
+    let task = doomed["status"]["openTurn"]["calls"][0]["task"]["id"].clone();
+    kubectl_ok(["delete", "-n", &ns.name, "session/doomed", "--timeout=60s"]);
+    let cancels: Vec<Value> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tasks/cancel")
+        .collect();
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0]["taskId"], task);
+    drop(op);
+    ns.delete(&client).await;
+}
