@@ -262,8 +262,20 @@ impl Checkpointer<'_> {
         next.updated_at = now;
         match self.save_patiently(&next).await {
             Err(StoreError::TooLarge { id, why }) => {
-                self.fail_outgrown(state, &why, now).await?;
+                let reason = format!(
+                    "the session outgrew its store ({why}); the last step's work was not kept. Make results smaller (the truncate decorator, spec.maxResultBytes) or start a new session"
+                );
+                self.fail_unstorable(state, reason, now).await?;
                 Err(StoreError::TooLarge { id, why })
+            }
+            // Refused again at every retry, with the step's work (a tool
+            // run, a model reply) lost each time: the session fails once.
+            Err(StoreError::Refused { id, why }) => {
+                let reason = format!(
+                    "the store refused the session's state ({why}); the last step's work was not kept. If the operator is newer than the CRDs, apply the CRDs of its release (kubectl apply -f crds/), then retry the session"
+                );
+                self.fail_unstorable(state, reason, now).await?;
+                Err(StoreError::Refused { id, why })
             }
             saved => {
                 self.version = saved?;
@@ -279,18 +291,16 @@ impl Checkpointer<'_> {
     /// is not kept, and no later step asks the model (or runs a tool) for it
     /// again, nor takes the same messages or retry again (they would outgrow
     /// it again, step after step).
-    async fn fail_outgrown(
+    async fn fail_unstorable(
         &mut self,
         attempted: &SessionState,
-        why: &str,
+        reason: String,
         now: crate::core::Millis,
     ) -> Result<(), StoreError> {
         let mut failed = self.record.clone();
         failed.state.messages_taken = attempted.messages_taken;
         failed.state.retries_taken = attempted.retries_taken;
-        failed.state.fail(format!(
-            "the session outgrew its store ({why}); the last step's work was not kept. Make results smaller (the truncate decorator, spec.maxResultBytes) or start a new session"
-        ));
+        failed.state.fail(reason);
         failed.updated_at = now;
         self.version = self.save_patiently(&failed).await?;
         self.record = failed;

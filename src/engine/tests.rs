@@ -26,6 +26,8 @@ enum Fault {
     Conflict,
     /// The store does not answer.
     Unavailable,
+    /// The store refuses the state as invalid (a CRD older than the build).
+    Refused,
 }
 
 #[derive(Default)]
@@ -122,6 +124,10 @@ impl SessionPort for MemStore {
                 Ok(Version(version.to_string()))
             }
             Some(Fault::Unavailable) => Err(StoreError::Unavailable("injected".into())),
+            Some(Fault::Refused) => Err(StoreError::Refused {
+                id: record.state.id.clone(),
+                why: "422: unsupported value".into(),
+            }),
             Some(Fault::Conflict) => {
                 *version += 1;
                 Err(StoreError::Conflict {
@@ -669,6 +675,45 @@ async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
         report.outcome
     );
     assert_eq!(model.calls(), 1);
+}
+
+/// A state the store refuses as invalid fails the session once, with the
+/// way out; the tools that ran for it are not run again and again.
+#[tokio::test]
+async fn a_state_the_store_refuses_fails_the_session_and_runs_nothing_again() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["lookup"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("h");
+    // The claim and the reply commit; the checkpoint after the tool run is refused.
+    store.inject([Fault::Pass, Fault::Pass, Fault::Refused]);
+    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
+    assert!(
+        matches!(refused, Err(EngineError::Store(StoreError::Refused { .. }))),
+        "{refused:?}"
+    );
+    let stored = store.state();
+    assert_eq!(stored.phase, crate::core::Phase::Failed);
+    let why = stored.failure.unwrap();
+    assert!(
+        why.contains("the store refused the session's state")
+            && why.contains("kubectl apply -f crds/"),
+        "{why}"
+    );
+    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.outcome, StepOutcome::Failed { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(
+        tools.runs.lock().unwrap().values().sum::<u32>(),
+        1,
+        "the tool ran once"
+    );
 }
 
 /// A message whose turn cannot be stored (as with a spec that leaves no

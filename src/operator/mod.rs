@@ -266,11 +266,15 @@ impl Error {
     fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Error::Store(StoreError::Corrupt { .. } | StoreError::TooLarge { .. })
-                | Error::Engine(EngineError::Store(
-                    StoreError::Corrupt { .. } | StoreError::TooLarge { .. }
-                ))
-                | Error::NoNamespace(_)
+            Error::Store(
+                StoreError::Corrupt { .. }
+                    | StoreError::TooLarge { .. }
+                    | StoreError::Refused { .. }
+            ) | Error::Engine(EngineError::Store(
+                StoreError::Corrupt { .. }
+                    | StoreError::TooLarge { .. }
+                    | StoreError::Refused { .. }
+            )) | Error::NoNamespace(_)
         )
     }
 }

@@ -200,6 +200,10 @@ pub enum StoreError {
     /// moved out; the write was refused and will be refused again.
     #[error("session {id} no longer fits its store: {why}")]
     TooLarge { id: SessionId, why: String },
+    /// The store refuses the session's state as invalid (a CRD older than
+    /// this build, a rule it breaks), and will refuse it again.
+    #[error("the store refuses the state of session {id}: {why}")]
+    Refused { id: SessionId, why: String },
     /// This process may read the store but not write it.
     #[error("the store {path} is read-only for this user (no write access to the file or its directory): reading works, but this command writes; run it as a user who can write the store")]
     ReadOnly { path: String },

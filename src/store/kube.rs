@@ -405,6 +405,13 @@ impl KubeStore {
                 id: id.clone(),
                 why: format!("the API server answered {} {}", s.code, s.message),
             }),
+            Err(kube::Error::Api(s)) if s.code == 422 => Err(StoreError::Refused {
+                id: id.clone(),
+                why: format!(
+                    "the API server answered 422: {}",
+                    crate::http::clip(&s.message, 1000)
+                ),
+            }),
             Err(e) => Err(backend(e)),
         }
     }
