@@ -57,6 +57,7 @@ impl MemStore {
                 definition: serde_json::json!({}),
                 created_at: Millis(0),
                 updated_at: Millis(0),
+                trace: None,
             },
             1,
         ));
@@ -380,6 +381,7 @@ fn ports<'a>(
         runner: tools,
         clock,
         observer: &|_: &Progress| {},
+        tracer: &NoTraces,
     }
 }
 
@@ -863,3 +865,5 @@ async fn a_tool_without_a_timeout_gets_the_drivers_default() {
     let given = tools.timeouts.lock().unwrap().clone();
     assert_eq!(given, vec![std::time::Duration::from_secs(42); 2]);
 }
+
+mod spans;

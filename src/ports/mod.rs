@@ -16,11 +16,13 @@ use crate::core::{
 };
 pub mod admin;
 pub mod records;
+pub mod trace;
 
 pub use admin::{AdminPort, AgentLookup, AgentSource, InputChange};
 use futures::future::BoxFuture;
 pub use records::*;
 use std::time::Duration;
+pub use trace::{ModelIdentity, NoTraces, StepTrace, TraceContext, TracePort};
 
 /// The session's identity outside the process: children are adopted only
 /// when they belong to this very session (same unique id).
@@ -107,6 +109,11 @@ pub struct ModelFailure {
 pub trait ModelPort: Send + Sync {
     fn reply<'a>(&'a self, input: ModelInput<'a>)
         -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
+
+    /// Which model this is, for traces.
+    fn identity(&self) -> ModelIdentity {
+        ModelIdentity::default()
+    }
 }
 
 /// Tools that run inside the step (`runSync`): builtins and HTTP.
