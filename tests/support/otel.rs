@@ -242,7 +242,12 @@ pub fn tree(spans: &[Span]) -> String {
     let mut sorted: Vec<&Span> = spans.iter().collect();
     sorted.sort_by_key(|s| s.start_ns);
     let short = |id: &str| id.chars().take(8).collect::<String>();
-    let mut out = String::new();
+    let traces: std::collections::BTreeSet<&str> =
+        sorted.iter().map(|s| s.trace_id.as_str()).collect();
+    let mut out = format!(
+        "trace {}\n",
+        traces.into_iter().collect::<Vec<_>>().join(", ")
+    );
     let roots = sorted.iter().filter(|s| s.parent.is_empty());
     for root in roots {
         out.push_str(&line(root, 0, &short));
@@ -262,6 +267,7 @@ fn line(s: &Span, depth: usize, short: &dyn Fn(&str) -> String) -> String {
         "gen_ai.tool.call.id",
         "agents.result.source",
         "agents.tool.runner",
+        "agents.result.completed_by",
     ];
     let attrs: Vec<String> = SHOWN
         .iter()
