@@ -12,7 +12,7 @@ test:
 unit:
 	cargo test
 
-## cluster-build: build or reuse kubernetes, etcd and helm under /var/cache/agents-cluster
+## cluster-build: build or reuse kubernetes, etcd, helm and the OpenTelemetry Collector under /var/cache/agents-cluster
 cluster-build:
 	$(CLUSTER)/build
 

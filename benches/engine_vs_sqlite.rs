@@ -87,6 +87,7 @@ async fn engine(
                 definition: serde_json::to_value(&def).unwrap(),
                 created_at: now(),
                 updated_at: now(),
+                trace: None,
             })
             .await
             .unwrap();

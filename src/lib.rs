@@ -8,7 +8,7 @@
 //! | surface | [`cli`] |
 //! | drivers (never each other) | [`operator`] (with [`lease`], [`observe`]), [`standalone`] |
 //! | one step, one agent | [`engine`], [`agent`] |
-//! | adapters (implement ports) | [`store`], [`runner`], [`model`], [`tools`] (both over [`http`]) |
+//! | adapters (implement ports) | [`store`], [`runner`], [`model`], [`tools`] (both over [`http`]), [`telemetry`] |
 //! | ports | [`ports`]: traits and the records they carry |
 //! | types | [`api`] (CRDs and their mapping to the core) |
 //! | pure | [`core`] |
@@ -26,4 +26,5 @@ pub mod ports;
 pub mod runner;
 pub mod standalone;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

@@ -16,7 +16,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -408,6 +408,10 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
 const BAD_VALUES: &[(&str, &str)] = &[
     ("replicas=-1", "at '/replicas': minimum: got -1, want 1"),
     ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
+    (
+        "tracing.otlpEndpoint=collector:4318",
+        "at '/tracing/otlpEndpoint': 'collector:4318' does not match pattern",
+    ),
     ("operator.logFormat=xml", "at '/operator/logFormat': value must be one of 'text', 'json'"),
     ("replicaCount=3", "additional properties 'replicaCount' not allowed"),
     ("image.tag=", "at '/image/tag': minLength: got 0, want 1"),
@@ -1094,4 +1098,46 @@ fn every_watched_namespace_gets_the_egress_deny_and_the_flags_are_passed() {
         ],
         "{listed:?}"
     );
+}
+
+/// `tracing.*` sets the operator's OpenTelemetry environment, and only
+/// when an endpoint is given.
+#[test]
+fn tracing_values_set_the_operators_otel_environment() {
+    if helm_or_skip().is_none() {
+        return;
+    }
+    let env_of = |sets: &[&str]| -> BTreeMap<String, String> {
+        let docs = documents(&render("agents", "agents-system", sets));
+        let deploy = find(&docs, "Deployment", "agents-operator");
+        deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?.to_string(),
+                    e["value"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    };
+    let off = env_of(&[]);
+    assert!(off.keys().all(|k| !k.starts_with("OTEL_")), "{off:?}");
+    let on = env_of(&[
+        "tracing.otlpEndpoint=http://otel-collector.obs:4318",
+        "tracing.extraEnv[0].name=OTEL_TRACES_SAMPLER",
+        "tracing.extraEnv[0].value=always_on",
+    ]);
+    for (k, v) in [
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "http://otel-collector.obs:4318",
+        ),
+        ("OTEL_SERVICE_NAME", "agents-operator"),
+        ("AGENTS_TRACE_CONTENT", "false"),
+        ("OTEL_TRACES_SAMPLER", "always_on"),
+    ] {
+        assert_eq!(on.get(k).map(String::as_str), Some(v), "{k} in {on:?}");
+    }
 }

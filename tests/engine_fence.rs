@@ -90,6 +90,7 @@ async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
             definition: serde_json::json!({}),
             created_at: Millis(0),
             updated_at: Millis(0),
+            trace: None,
         })
         .await
         .unwrap();
@@ -104,6 +105,7 @@ async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
         runner: &NoTools,
         clock: &SystemClock,
         observer: &observer as &dyn Observer,
+        tracer: &agents::ports::NoTraces,
     };
     let runtime = AgentRuntime {
         config: SessionConfig::default(),

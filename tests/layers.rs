@@ -7,7 +7,8 @@
 //!   operator | standalone                 (drivers; never each other)
 //!   lease, observe                        (the operator's infrastructure)
 //!   engine | agent                        (know no driver)
-//!   store, runner, model, tools           (adapters: ports, never the engine)
+//!   store, runner, model, tools,          (adapters: ports, never the engine)
+//!   telemetry
 //!   ports                                 (traits and records)
 //!   api                                   (CRD types and their mapping)
 //!   core                                  (pure)
@@ -26,6 +27,7 @@ const ORDER: &[&str] = &[
     "tools",
     "store",
     "runner",
+    "telemetry",
     "engine",
     "agent",
     "lease",
@@ -48,13 +50,24 @@ fn allowed(module: &str) -> &'static [&'static str] {
         "http" => &[],
         "model" | "tools" => &["core", "ports", "http"],
         "store" | "runner" => ADAPTER,
+        "telemetry" => &["core", "ports"],
         "engine" => &["core", "ports"],
         "agent" => &["core", "api", "ports", "http", "model", "tools"],
         "lease" | "observe" => &["core", "ports", "engine"],
         // The drivers: everything below them but each other.
         "operator" => below("operator"),
         "standalone" => &[
-            "core", "api", "ports", "http", "model", "tools", "store", "runner", "engine", "agent",
+            "core",
+            "api",
+            "ports",
+            "http",
+            "model",
+            "tools",
+            "store",
+            "runner",
+            "telemetry",
+            "engine",
+            "agent",
         ],
         "cli" | "lib" | "main" => below(module),
         other => panic!("src/{other}: a module this test does not place; add it to a layer"),

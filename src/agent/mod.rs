@@ -15,7 +15,9 @@ use crate::core::policy::SecretKeyRef;
 use crate::core::{AgentTurn, Disposition, Millis, SessionConfig, SessionId, ToolCall};
 use crate::model::{ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply};
 pub use crate::ports::AgentLookup;
-use crate::ports::{AgentSource, ModelFailure, ModelInput, ModelPort, TaskPoll, ToolPort, ToolRun};
+use crate::ports::{
+    AgentSource, ModelFailure, ModelIdentity, ModelInput, ModelPort, TaskPoll, ToolPort, ToolRun,
+};
 use crate::tools::{ToolDef, ToolKind, Toolbox};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -307,6 +309,19 @@ impl ModelPort for AgentModel<'_> {
                     retry_after: e.retry_after,
                 })
         })
+    }
+
+    fn identity(&self) -> ModelIdentity {
+        match self.0 {
+            ModelClient::Scripted(_) => ModelIdentity {
+                provider: "agents.scripted".into(),
+                model: "scripted".into(),
+            },
+            ModelClient::OpenAi(m) => ModelIdentity {
+                provider: "openai".into(),
+                model: m.model.clone(),
+            },
+        }
     }
 }
 

@@ -453,6 +453,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         model_attempts: state.model_attempts,
         model_retry_at: state.model_attempt.retry_at().map(time),
         model_claim: state.model_attempt.claim().map(claim_status),
+        traceparent: None,
     }
 }
 

@@ -181,6 +181,11 @@ pub struct SessionStatus {
     /// The driver whose model call is under way, and until when its claim holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_claim: Option<ClaimStatus>,
+    /// W3C `traceparent` of the session's latest step span, set while the
+    /// operator exports OpenTelemetry traces: every step of the session
+    /// joins this trace and links to this span.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// A chunk of old turns stored outside the status.

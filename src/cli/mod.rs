@@ -347,6 +347,12 @@ pub fn main() -> ExitCode {
         }
         _ => logging::init("warn", false),
     }
+    // Spans of the steps this process takes; flushed when it ends.
+    let _telemetry = match &cli.command {
+        Command::Operator(_) => crate::telemetry::install_from_env("agents-operator"),
+        Command::Run(_) | Command::Session(_) => crate::telemetry::install_from_env("agents"),
+        _ => crate::telemetry::Telemetry::off(),
+    };
     let result = match cli.command {
         Command::Crds => {
             out::text(&crate::api::crds_yaml());

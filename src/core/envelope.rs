@@ -40,25 +40,30 @@ impl ContextSnapshot {
         call: &TrackedToolCall,
         agent: Option<&str>,
     ) -> Self {
-        let ns = if scope.namespace.is_empty() {
-            "-"
-        } else {
-            scope.namespace.as_str()
-        };
-        let uid = if scope.uid.is_empty() {
-            session.0.as_str()
-        } else {
-            scope.uid.as_str()
-        };
         ContextSnapshot {
             session: session.clone(),
             turn: call.id.turn,
             call_id: call.id,
             agent: agent.map(str::to_string),
-            idempotency_key: format!("{ns}/{}/{uid}/{}", session, call.id),
+            idempotency_key: idempotency_key(session, scope, &call.id),
             params: BTreeMap::new(),
         }
     }
+}
+
+/// The idempotency key of call `call` of `session` in `scope`.
+pub fn idempotency_key(session: &SessionId, scope: &Scope, call: &dyn std::fmt::Display) -> String {
+    let ns = if scope.namespace.is_empty() {
+        "-"
+    } else {
+        scope.namespace.as_str()
+    };
+    let uid = if scope.uid.is_empty() {
+        session.0.as_str()
+    } else {
+        scope.uid.as_str()
+    };
+    format!("{ns}/{session}/{uid}/{call}")
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

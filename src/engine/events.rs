@@ -3,7 +3,7 @@
 //! `standalone`, Kubernetes Events and metrics in `operator`. Nothing below
 //! the drivers prints.
 
-use crate::core::{AgentTurn, SessionState, ToolResult, WaitingFor};
+use crate::core::{AgentTurn, SessionState, TokenUsage, ToolCall, ToolResult, WaitingFor};
 use serde::Serialize;
 
 /// Where a tool result came from.
@@ -82,6 +82,9 @@ pub enum Progress {
         #[serde(skip_serializing_if = "Option::is_none")]
         text: Option<String>,
         tool_calls: Vec<CallLine>,
+        /// What the reply reported (for traces; not shown).
+        #[serde(skip)]
+        usage: TokenUsage,
     },
     #[serde(rename_all = "camelCase")]
     ToolResult {
@@ -91,6 +94,12 @@ pub enum Progress {
         result: ToolResult,
         /// How it ran, or who completed it.
         by: Provenance,
+        /// The model's own id for the call (for traces; not shown).
+        #[serde(skip)]
+        model_call_id: String,
+        /// The call's arguments (for traces, when content is recorded).
+        #[serde(skip)]
+        arguments: String,
     },
     #[serde(rename_all = "camelCase")]
     Deferred {
@@ -175,8 +184,36 @@ impl Progress {
             turn,
             text: t.text.clone(),
             tool_calls,
+            usage: t.usage,
         }
     }
+
+    /// A tool result of `call`, reported with the call as the model made it.
+    pub fn tool_result(
+        session: &str,
+        call: &dyn std::fmt::Display,
+        tool_call: &ToolCall,
+        result: &ToolResult,
+        by: Provenance,
+    ) -> Self {
+        Progress::ToolResult {
+            session: session.to_string(),
+            call: call.to_string(),
+            tool: tool_call.name.clone(),
+            result: result.clone(),
+            by,
+            model_call_id: tool_call.model_call_id.clone(),
+            arguments: tool_call.arguments.clone(),
+        }
+    }
+}
+
+/// Work with an effect outside that is about to begin: observers that
+/// time it (traces) take its start from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work<'a> {
+    ModelCall { turn: u32 },
+    Tool { call: &'a str },
 }
 
 pub fn waiting_for_text(w: WaitingFor) -> &'static str {

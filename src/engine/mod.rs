@@ -28,6 +28,7 @@
 
 pub mod events;
 pub mod holder;
+mod spans;
 mod tasks;
 pub use crate::ports;
 
@@ -39,7 +40,7 @@ use crate::core::{
     Action, CallState, ContinuationToken, DriverRole, Event, Scope, Session, SessionConfig,
     SessionId, SessionState, ToolResult, ToolSchema, WaitingFor,
 };
-pub use events::{Progress, Provenance};
+pub use events::{Progress, Provenance, Work};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -76,6 +77,10 @@ pub struct AgentRuntime {
 /// Receives what a step does, for a terminal, logs, Events or metrics.
 pub trait Observer: Send + Sync {
     fn observe(&self, progress: &Progress);
+    /// Work is about to begin (for observers that time it); most ignore it.
+    fn began(&self, work: &Work<'_>) {
+        let _ = work;
+    }
 }
 
 impl<F: Fn(&Progress) + Send + Sync> Observer for F {
@@ -84,6 +89,7 @@ impl<F: Fn(&Progress) + Send + Sync> Observer for F {
     }
 }
 
+#[derive(Clone, Copy)]
 pub struct Ports<'a> {
     pub sessions: &'a dyn SessionPort,
     pub continuations: &'a dyn ContinuationPort,
@@ -93,6 +99,8 @@ pub struct Ports<'a> {
     pub runner: &'a dyn RunnerPort,
     pub clock: &'a dyn Clock,
     pub observer: &'a dyn Observer,
+    /// Where the step's spans go ([`NoTraces`]: nowhere).
+    pub tracer: &'a dyn TracePort,
 }
 
 impl<'a> Ports<'a> {
@@ -114,7 +122,13 @@ impl<'a> Ports<'a> {
             runner,
             clock: &SystemClock,
             observer,
+            tracer: &NoTraces,
         }
+    }
+
+    /// The same ports, the step's spans going to `tracer`.
+    pub fn traced(self, tracer: &'a dyn TracePort) -> Self {
+        Ports { tracer, ..self }
     }
 }
 
@@ -152,9 +166,29 @@ pub async fn step(
     holder: &Holder,
     roles: Roles,
 ) -> Result<StepReport, EngineError> {
+    let recorder = spans::StepRecorder::new(ports, agent);
+    let traced = Ports {
+        observer: &recorder,
+        ..*ports
+    };
+    let result = step_until_saved(&traced, &recorder, id, agent, holder, roles).await;
+    recorder.finish(&result);
+    result
+}
+
+/// The step, reloaded and replayed after each lost compare-and-swap.
+async fn step_until_saved(
+    ports: &Ports<'_>,
+    recorder: &spans::StepRecorder<'_>,
+    id: &SessionId,
+    agent: &AgentRuntime,
+    holder: &Holder,
+    roles: Roles,
+) -> Result<StepReport, EngineError> {
     let mut replay: Vec<Event> = Vec::new();
     for _ in 0..MAX_CONFLICTS {
-        match step_once(ports, id, agent, holder, roles, &mut replay).await {
+        let once = step_once(ports, recorder, id, agent, holder, roles, &mut replay);
+        match once.await {
             Err(EngineError::Store(StoreError::Conflict { .. })) => {
                 debug!(session = %id, replay = replay.len(), "checkpoint conflict; reloading");
                 continue;
@@ -246,6 +280,8 @@ struct Checkpointer<'p> {
     record: SessionRecord,
     version: Version,
     writes: u32,
+    /// The step span's `traceparent`, stored with every checkpoint.
+    trace: Option<String>,
 }
 
 impl Checkpointer<'_> {
@@ -260,6 +296,9 @@ impl Checkpointer<'_> {
         let mut next = self.record.clone();
         next.state = state.clone();
         next.updated_at = now;
+        if self.trace.is_some() {
+            next.trace.clone_from(&self.trace);
+        }
         match self.save_patiently(&next).await {
             Err(StoreError::TooLarge { id, why }) => {
                 let reason = format!(
@@ -347,8 +386,10 @@ async fn patiently<'f, T>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn step_once(
     p: &Ports<'_>,
+    recorder: &spans::StepRecorder<'_>,
     id: &SessionId,
     agent: &AgentRuntime,
     holder: &Holder,
@@ -357,6 +398,7 @@ async fn step_once(
 ) -> Result<StepReport, EngineError> {
     let loaded = load_existing(p, id).await?;
     let record = loaded.value;
+    let trace = recorder.begin(&record);
     let owner = session_ref(&record);
     let sid = id.0.clone();
     let now = p.clock.now();
@@ -376,6 +418,7 @@ async fn step_once(
         record,
         version: loaded.version,
         writes: 0,
+        trace,
     };
     let ctx = StepContext {
         agent,
@@ -609,13 +652,13 @@ fn apply_record(
                     waited_ms: (now.0 - at.0).max(0) as u64,
                 });
             }
-            observer.observe(&Progress::ToolResult {
-                session: sid,
-                call: rec.spec.call_id.to_string(),
-                tool: rec.spec.tool_call.name.clone(),
-                result: result.clone(),
-                by: Provenance::Outside(by),
-            });
+            observer.observe(&Progress::tool_result(
+                &sid,
+                &rec.spec.call_id,
+                &rec.spec.tool_call,
+                result,
+                Provenance::Outside(by),
+            ));
         } else {
             refuse_logged(&sid, "result", woke);
         }
@@ -739,6 +782,7 @@ async fn call_model(
     replay: &mut Vec<Event>,
 ) {
     let (agent, sid) = (ctx.agent, ctx.sid);
+    p.observer.began(&Work::ModelCall { turn });
     let reply = p
         .model
         .reply(ModelInput {
@@ -817,6 +861,9 @@ async fn run_tool(
         None => {
             let default = session.config().default_tool_timeout_secs;
             let timeout = Duration::from_secs(timeout_seconds.unwrap_or(default));
+            p.observer.began(&Work::Tool {
+                call: &call.to_string(),
+            });
             match p.tools.run(&tool_call, &idempotency_key, timeout).await {
                 ToolRun::Done(result) => result,
                 ToolRun::Task(task) => {
@@ -841,17 +888,13 @@ async fn run_tool(
         failed = result.is_error(),
         "tool ran"
     );
-    p.observer.observe(&Progress::ToolResult {
-        session: sid.to_string(),
-        call: call.to_string(),
-        tool: tool_call.name.clone(),
-        result: result.clone(),
-        by: if from_cache {
-            Provenance::Cache
-        } else {
-            Provenance::RunSync
-        },
-    });
+    let by = if from_cache {
+        Provenance::Cache
+    } else {
+        Provenance::RunSync
+    };
+    p.observer
+        .observe(&Progress::tool_result(sid, &call, &tool_call, &result, by));
     let event = Event::ToolFinished {
         call,
         result,
@@ -900,13 +943,13 @@ async fn ensure_continuation(
         })
         .await?;
         let by = "cache".to_string();
-        p.observer.observe(&Progress::ToolResult {
-            session: sid.to_string(),
-            call: spec.call_id.to_string(),
-            tool: spec.tool_call.name.clone(),
-            result: hit.clone(),
-            by: Provenance::Cache,
-        });
+        p.observer.observe(&Progress::tool_result(
+            sid,
+            &spec.call_id,
+            &spec.tool_call,
+            &hit,
+            Provenance::Cache,
+        ));
         refuse_logged(
             sid,
             "cached result",
@@ -944,13 +987,13 @@ fn serve_cached(
     envelope: &crate::core::envelope::CallEnvelope,
     hit: ToolResult,
 ) {
-    p.observer.observe(&Progress::ToolResult {
-        session: sid.to_string(),
-        call: envelope.context.call_id.to_string(),
-        tool: envelope.tool_call.name.clone(),
-        result: hit.clone(),
-        by: Provenance::Cache,
-    });
+    p.observer.observe(&Progress::tool_result(
+        sid,
+        &envelope.context.call_id,
+        &envelope.tool_call,
+        &hit,
+        Provenance::Cache,
+    ));
     let wake = Event::Wake {
         token: envelope.token.clone(),
         result: hit,
@@ -1060,6 +1103,9 @@ async fn run_attempt(
         p.runner.collect(kind, envelope, attempt).await
     } else {
         let timeout = attempt_timeout(session, envelope);
+        p.observer.began(&Work::Tool {
+            call: &envelope.context.call_id.to_string(),
+        });
         p.runner.start(kind, envelope, attempt, timeout).await
     };
     let by = p.runner.label(kind);
@@ -1091,13 +1137,13 @@ fn finish_attempt(
             return;
         }
     };
-    p.observer.observe(&Progress::ToolResult {
-        session: sid.to_string(),
-        call: envelope.context.call_id.to_string(),
-        tool: envelope.tool_call.name.clone(),
-        result: result.clone(),
-        by: Provenance::Runner(by),
-    });
+    p.observer.observe(&Progress::tool_result(
+        sid,
+        &envelope.context.call_id,
+        &envelope.tool_call,
+        &result,
+        Provenance::Runner(by),
+    ));
     let failed = result.is_error().then(|| result.to_model_text());
     let event = Event::AttemptFinished {
         token: envelope.token.clone(),

@@ -56,13 +56,13 @@ pub(super) async fn poll(
         }
         TaskPoll::Ended(result) => {
             info!(session = sid, task = %task.id, failed = result.is_error(), "MCP task ended");
-            p.observer.observe(&Progress::ToolResult {
-                session: sid.to_string(),
-                call: envelope.context.call_id.to_string(),
-                tool: envelope.tool_call.name.clone(),
-                result: result.clone(),
-                by: Provenance::Runner(TASK_BY),
-            });
+            p.observer.observe(&Progress::tool_result(
+                sid,
+                &envelope.context.call_id,
+                &envelope.tool_call,
+                &result,
+                Provenance::Runner(TASK_BY),
+            ));
             Event::TaskEnded { token, result }
         }
     };

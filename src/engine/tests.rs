@@ -59,6 +59,7 @@ impl MemStore {
                 definition: serde_json::json!({}),
                 created_at: Millis(0),
                 updated_at: Millis(0),
+                trace: None,
             },
             1,
         ));
@@ -427,6 +428,7 @@ fn ports<'a>(
         runner: tools,
         clock,
         observer: &|_: &Progress| {},
+        tracer: &NoTraces,
     }
 }
 
@@ -1094,3 +1096,5 @@ impl RunnerPort for TaskRunner {
         )
     }
 }
+
+mod spans;

@@ -1241,7 +1241,8 @@ async fn step_session(
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
     };
-    let ports = Ports::over_store(store, &model, &tools, &runner, &observer);
+    let ports = Ports::over_store(store, &model, &tools, &runner, &observer)
+        .traced(crate::telemetry::tracer());
     let roles = Roles {
         model: true,
         background: true,

@@ -17,11 +17,13 @@ use crate::core::{
 };
 pub mod admin;
 pub mod records;
+pub mod trace;
 
 pub use admin::{AdminPort, AgentLookup, AgentSource, InputChange};
 use futures::future::BoxFuture;
 pub use records::*;
 use std::time::Duration;
+pub use trace::{ModelIdentity, NoTraces, StepTrace, TraceContext, TracePort};
 
 /// The session's identity outside the process: children are adopted only
 /// when they belong to this very session (same unique id).
@@ -108,6 +110,11 @@ pub struct ModelFailure {
 pub trait ModelPort: Send + Sync {
     fn reply<'a>(&'a self, input: ModelInput<'a>)
         -> BoxFuture<'a, Result<AgentTurn, ModelFailure>>;
+
+    /// Which model this is, for traces.
+    fn identity(&self) -> ModelIdentity {
+        ModelIdentity::default()
+    }
 }
 
 /// How a tool run ended: with its result, or (an MCP server's answer)

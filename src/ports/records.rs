@@ -48,6 +48,10 @@ pub struct SessionRecord {
     pub definition: serde_json::Value,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// The `traceparent` of the session's latest step span, while traces
+    /// are exported: the next step joins that trace and links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// The user's side of a session.

@@ -160,6 +160,7 @@ async fn create_from_file(
         definition: serde_json::to_value(def)?,
         created_at: t,
         updated_at: t,
+        trace: None,
     };
     match store.create_session(record).await {
         Ok(_) | Err(StoreError::SessionExists(_)) => Ok(agent),

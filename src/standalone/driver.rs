@@ -178,7 +178,8 @@ async fn local_step(
         process: &opts.runner,
         container: &opts.container,
     };
-    let ports = Ports::over_store(store, &model, &tools, &runner, &report);
+    let ports = Ports::over_store(store, &model, &tools, &runner, &report)
+        .traced(crate::telemetry::tracer());
     engine::step(&ports, id, rt, holder, roles).await
 }
 

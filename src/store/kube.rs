@@ -363,6 +363,7 @@ impl KubeStore {
             }
         };
         let mut status = convert::session_status(&record.state);
+        status.traceparent.clone_from(&record.trace);
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
         let prefix = blob_prefix(&id.0, &record.uid);
@@ -1049,6 +1050,7 @@ pub fn session_record(obj: &Session) -> StoreResult<SessionRecord> {
         definition: serde_json::to_value(&obj.spec).unwrap_or(Value::Null),
         created_at: created,
         updated_at: created,
+        trace: obj.status.as_ref().and_then(|s| s.traceparent.clone()),
     })
 }
 

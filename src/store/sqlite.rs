@@ -822,6 +822,7 @@ mod tests {
             definition: serde_json::json!({"any": "thing"}),
             created_at: Millis(1),
             updated_at: Millis(2),
+            trace: None,
         }
     }
 

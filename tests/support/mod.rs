@@ -16,6 +16,7 @@ pub mod fake;
 pub mod http;
 pub mod launcher;
 pub mod mcp;
+pub mod otel;
 pub mod rng;
 pub mod scratch;
 
