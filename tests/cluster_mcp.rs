@@ -443,7 +443,7 @@ async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_can
     assert!(polls >= 2, "polled by both operators: {log:?}");
 
     // A task that asks a person.
-    let ask = "[{name: confirm, arguments: {question: ship it?}}]";
+    let ask = "[{name: confirm, arguments: {question: 'ship it?'}}]";
     apply(&ns.name, "a2", &task_agent(&url, "asker", ask, "shipped"));
     apply(&ns.name, "s2", &session_of("ask", "asker"));
     let asking = wait_until(&ns.name, "session/ask", |v| {

@@ -87,7 +87,7 @@ pub const EDITS_ALLOWED: &str = "!has(self.status) || (has(self.spec.policy.appr
 /// writes as `agents` (or `cache`); a denial's error result is written
 /// under the decider's name. (Who may claim which name is the business of
 /// RBAC and admission policy; this rule keeps honest clients honest.)
-pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved) || (self.status.outcome.result.status == 'error' && has(self.status.decisions) && self.status.decisions.exists(d, !d.approved))";
+pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache', 'mcp-task'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved) || (self.status.outcome.result.status == 'error' && has(self.status.decisions) && self.status.decisions.exists(d, !d.approved))";
 
 /// A success outcome on a call whose policy asks for approval needs an
 /// approving decision; error outcomes (a timeout while waiting, the error
