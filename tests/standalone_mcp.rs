@@ -416,3 +416,64 @@ spec:
         .collect();
     assert_eq!(cancels.len(), 1, "{cancels:?}");
 }
+
+/// A task that asks for input (`confirm`): `agents run` yields with the
+/// command that answers it; `agents session answer` stores the answers
+/// and `agents session resume` hands them over (`tasks/update`) and takes
+/// the task's result.
+#[test]
+fn an_mcp_task_that_asks_for_input_is_answered_and_resumed() {
+    let server = McpServer::start("standalone-ask", &[]);
+    let s = Scratch::new("mcp-ask");
+    let file = s.write(
+        "ask.yaml",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: ask}}
+spec:
+  messages: ["ship it?"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls: [{{name: confirm, arguments: {{question: "ship it?"}}}}]
+          - text: shipped
+    tools:
+      - name: gate
+        mcp: {{url: "{url}", tools: [confirm]}}
+"#,
+            url = server.url()
+        ),
+    );
+    let run = s.run(&["run", "-f", &file.display().to_string()]);
+    let out = run.ok();
+    assert!(out.contains("agents session answer ask-t1-c0"), "{out}");
+    assert!(out.contains("ship it?"), "the request is shown: {out}");
+    let bad = s.run(&["session", "answer", "ask-t1-c0", "not json"]);
+    bad.fails_with("the answers are not JSON");
+    let answered = s.run(&[
+        "session",
+        "answer",
+        "ask-t1-c0",
+        r#"{"q1": {"action": "accept", "content": {"ok": true}}}"#,
+    ]);
+    assert!(
+        answered.ok().contains("agents session resume ask"),
+        "{}",
+        answered.stdout
+    );
+    let resumed = s.run(&["session", "resume", "ask"]);
+    let out = resumed.ok();
+    assert!(out.contains("confirmed:"), "{out}");
+    assert!(out.contains("answer: shipped"), "{out}");
+    let updates: Vec<_> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tasks/update")
+        .collect();
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    assert_eq!(updates[0]["inputResponses"]["q1"]["content"]["ok"], true);
+}

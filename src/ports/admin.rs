@@ -7,7 +7,6 @@ use super::StorePorts;
 use crate::api::{AgentSpec, SessionSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::records::*;
-use crate::ports::StoreError;
 use futures::future::BoxFuture;
 
 /// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
@@ -60,15 +59,7 @@ pub trait AdminPort: StorePorts {
         answers: &'a str,
         by: &'a str,
         now: crate::core::Millis,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        let _ = (answers, by, now);
-        Box::pin(async move {
-            Err(StoreError::NotAccepting {
-                token: token.clone(),
-                why: "answers to an MCP task are taken in a cluster (--store kube) only; here the task's request for input stays open".into(),
-            })
-        })
-    }
+    ) -> BoxFuture<'a, StoreResult<()>>;
 
     /// Every session, by id.
     fn list(&self) -> BoxFuture<'_, StoreResult<Vec<SessionSummary>>>;

@@ -586,8 +586,16 @@ pub async fn answer(
     }
     let by = &signer(&store, by).await?;
     store.answer_task(&token, &compact, by, now()).await?;
+    let next = if store.operator_driven() {
+        "the operator hands them to the MCP server at its next poll".to_string()
+    } else {
+        format!(
+            "`agents session resume {}` hands them to the MCP server",
+            record.spec.session
+        )
+    };
     out::line(&format!(
-        "answered {token} ({}); the operator gives the answers to the MCP server at its next poll",
+        "answered {token} ({}); {next}",
         record.spec.tool_call.name
     ));
     Ok(ExitCode::SUCCESS)

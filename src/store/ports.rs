@@ -78,6 +78,15 @@ impl AdminPort for SqliteStore {
     fn operator_driven(&self) -> bool {
         false
     }
+    fn answer_task<'a>(
+        &'a self,
+        token: &'a ContinuationToken,
+        answers: &'a str,
+        _by: &'a str,
+        _now: crate::core::Millis,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move { SqliteStore::answer_task(self, token, answers) })
+    }
     fn place(&self) -> String {
         format!("in {}", self.path().display())
     }

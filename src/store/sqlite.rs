@@ -54,6 +54,8 @@ const MIGRATIONS: &[&str] = &[
         created_at INTEGER NOT NULL,
         PRIMARY KEY (tool, arguments_sha256)
     );",
+    // v2: answers to an MCP task's request for input (`agents session answer`).
+    "ALTER TABLE continuations ADD COLUMN answers TEXT;",
 ];
 
 struct Header {
@@ -423,6 +425,7 @@ fn load_continuation(row: &rusqlite::Row<'_>) -> rusqlite::Result<ContinuationRo
         row.get(4)?,
         row.get(5)?,
         row.get(6)?,
+        row.get(7)?,
     ))
 }
 
@@ -434,13 +437,14 @@ type ContinuationRow = (
     Option<i64>,
     Option<String>,
     i64,
+    Option<String>,
 );
 
 const CONTINUATION_COLUMNS: &str =
-    "token, spec, result, completed_by, completed_at, decision, created_at";
+    "token, spec, result, completed_by, completed_at, decision, created_at, answers";
 
 fn continuation_from_row(row: ContinuationRow) -> StoreResult<ContinuationRecord> {
-    let (token, spec, result, completed_by, completed_at, decision, created_at) = row;
+    let (token, spec, result, completed_by, completed_at, decision, created_at, answers) = row;
     let what = format!("continuation {token}");
     Ok(ContinuationRecord {
         spec: from_json(&what, &spec)?,
@@ -449,11 +453,28 @@ fn continuation_from_row(row: ContinuationRow) -> StoreResult<ContinuationRecord
         completed_at: completed_at.map(Millis),
         decision: decision.map(|d| from_json(&what, &d)).transpose()?,
         created_at: Millis(created_at),
-        answers: None,
+        answers,
     })
 }
 
 impl SqliteStore {
+    /// Records answers to the MCP task behind `token` (an open call's only).
+    pub fn answer_task(&self, token: &ContinuationToken, answers: &str) -> StoreResult<()> {
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE continuations SET answers = ?2 WHERE token = ?1 AND result IS NULL",
+                rusqlite::params![token.0, answers],
+            )
+        })?;
+        if changed == 0 {
+            return Err(StoreError::NotAccepting {
+                token: token.clone(),
+                why: "it is unknown or already completed".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn continuation_row(&self, token: &ContinuationToken) -> StoreResult<Option<ContinuationRow>> {
         self.with(|c| {
             c.query_row(
