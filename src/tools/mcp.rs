@@ -549,6 +549,8 @@ pub struct McpPool {
     listings: Mutex<HashMap<String, (Instant, Listing)>>,
     /// Polls of a task in a row that failed to reach its server.
     unreachable: Mutex<HashMap<String, u32>>,
+    /// When each task was last polled.
+    last_poll: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for McpPool {

@@ -109,14 +109,7 @@ pub(super) fn poll_action(session: &Session, call: &TrackedToolCall) -> Option<A
 /// The cancellation of the task `call` waited on (it timed out).
 pub(super) fn cancel_action(session: &Session, call: &TrackedToolCall) -> Option<Action> {
     let task = call.task()?.clone();
-    let token = call.token()?.clone();
-    let context = ContextSnapshot::for_call(
-        &session.state.id,
-        &session.config.scope,
-        call,
-        session.config.agent.as_deref(),
-    );
-    let envelope = CallEnvelope::new(token, call.effective_call(), context, call.policy.clone());
+    let envelope = envelope_of(session, call)?;
     Some(Action::CancelTask { envelope, task })
 }
 
@@ -130,7 +123,11 @@ fn task_envelope(session: &Session, call: &TrackedToolCall) -> Option<(TaskHandl
     ) {
         return None;
     }
-    let task = call.task()?.clone();
+    Some((call.task()?.clone(), envelope_of(session, call)?))
+}
+
+/// The envelope of `call` as its MCP server is asked about it.
+fn envelope_of(session: &Session, call: &TrackedToolCall) -> Option<CallEnvelope> {
     let token = call.token()?.clone();
     let context = ContextSnapshot::for_call(
         &session.state.id,
@@ -138,6 +135,10 @@ fn task_envelope(session: &Session, call: &TrackedToolCall) -> Option<(TaskHandl
         call,
         session.config.agent.as_deref(),
     );
-    let envelope = CallEnvelope::new(token, call.effective_call(), context, call.policy.clone());
-    Some((task, envelope))
+    Some(CallEnvelope::new(
+        token,
+        call.effective_call(),
+        context,
+        call.policy.clone(),
+    ))
 }

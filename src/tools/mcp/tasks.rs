@@ -138,6 +138,12 @@ impl McpPool {
         task: &TaskHandle,
         answers: Option<&str>,
     ) -> TaskPoll {
+        // However often the session is looked at (a resync, an unrelated
+        // event, a driver that looks every second), the server is asked
+        // no more often than it said.
+        if answers.is_none() && !self.poll_due(task) {
+            return TaskPoll::Working;
+        }
         let conn = match self.connection(resolved) {
             Ok(c) => c,
             Err(e) => return TaskPoll::Ended(ToolResult::error(e.to_string())),
@@ -192,6 +198,28 @@ impl McpPool {
                 "the MCP server no longer follows task {}: {other}",
                 task.id
             ))),
+        }
+    }
+
+    /// True when `task` was not polled within its interval (less a little
+    /// slack for timers); notes the poll.
+    fn poll_due(&self, task: &TaskHandle) -> bool {
+        let interval = std::time::Duration::from_millis(task.poll_ms.clamp(
+            crate::core::session::MIN_POLL_MS,
+            crate::core::session::MAX_POLL_MS,
+        ));
+        let slack = std::time::Duration::from_millis(250);
+        let now = std::time::Instant::now();
+        let mut last = self.last_poll.lock().expect("mcp task polls");
+        if last.len() > 4096 {
+            last.clear();
+        }
+        match last.get(&task.id) {
+            Some(at) if now.duration_since(*at) + slack < interval => false,
+            _ => {
+                last.insert(task.id.clone(), now);
+                true
+            }
         }
     }
 
@@ -270,5 +298,28 @@ mod tests {
             poll_of(&json!({"status": "odd"})),
             TaskPoll::Ended(_)
         ));
+    }
+
+    #[test]
+    fn a_task_is_polled_no_faster_than_its_server_asked_nor_than_once_a_second() {
+        let pool = McpPool::default();
+        let slow = TaskHandle {
+            id: "slow".into(),
+            poll_ms: 5_000,
+        };
+        assert!(pool.poll_due(&slow), "the first poll is due");
+        assert!(!pool.poll_due(&slow), "not again within 5 s");
+        let fast = TaskHandle {
+            id: "fast".into(),
+            poll_ms: 10,
+        };
+        assert!(pool.poll_due(&fast));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!pool.poll_due(&fast), "at most once a second");
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        assert!(
+            pool.poll_due(&fast),
+            "due again after a second (less the slack)"
+        );
     }
 }
