@@ -1461,11 +1461,24 @@ impl Session {
             .collect()
     }
 
+    /// True when the next action records a wait (the checkpoint before a
+    /// `Yield`).
+    pub fn yields_next(&self) -> bool {
+        matches!(self.actions.front(), Some(Action::Yield { .. }))
+    }
+
     /// While paused: a `Collect` for every attempt this driver runs that may
     /// be under way (none retries; nothing new starts).
     fn plan_collects(&mut self) {
-        let collects: Vec<Action> = self
-            .state
+        for a in self.collects().into_iter().chain(self.task_polls()) {
+            self.push(a);
+        }
+    }
+
+    /// A `Collect` for every attempt this driver runs that may be under
+    /// way: no claim is taken or renewed, nothing new starts.
+    pub fn collects(&self) -> Vec<Action> {
+        self.state
             .open
             .iter()
             .flat_map(|o| o.calls.iter())
@@ -1494,10 +1507,7 @@ impl Session {
                 }),
                 _ => None,
             })
-            .collect();
-        for a in collects.into_iter().chain(self.task_polls()) {
-            self.push(a);
-        }
+            .collect()
     }
 
     /// The model call this driver may start now, with its claim taken.
