@@ -1751,15 +1751,37 @@ fn cache_key_for(config: &SessionConfig, call: &TrackedToolCall) -> Option<Cache
         .flatten()
 }
 
+/// The envelope a deferred call is run (or its MCP task asked about)
+/// under; `None` before it has a token.
+fn call_envelope(
+    session: &SessionId,
+    config: &SessionConfig,
+    call: &TrackedToolCall,
+) -> Option<CallEnvelope> {
+    let token = call.token()?.clone();
+    let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
+    Some(CallEnvelope::new(
+        token,
+        call.effective_call(),
+        context,
+        call.policy.clone(),
+    ))
+}
+
 /// The action that starts `call`'s current attempt.
 fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCall) -> Vec<Action> {
     let cache = cache_key_for(config, call);
-    let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
     match call.stage() {
         CallStage::Running(_) => vec![Action::RunTool {
             call: call.id,
             tool_call: call.effective_call(),
-            idempotency_key: context.idempotency_key.clone(),
+            idempotency_key: ContextSnapshot::for_call(
+                session,
+                &config.scope,
+                call,
+                config.agent.as_deref(),
+            )
+            .idempotency_key,
             timeout_seconds: Some(
                 call.policy
                     .decorators
@@ -1770,11 +1792,9 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
             attempt: call.attempts,
         }],
         CallStage::Deferred { wait, .. } => {
-            let Some(token) = call.token().cloned() else {
+            let Some(envelope) = call_envelope(session, config, call) else {
                 return Vec::new();
             };
-            let envelope =
-                CallEnvelope::new(token, call.effective_call(), context, call.policy.clone());
             match (wait, &call.policy.disposition) {
                 (Wait::Background(_), _) => vec![Action::RunInBackground {
                     envelope,

@@ -4,10 +4,12 @@
 //! works), shows a request for input to people, and takes the final
 //! result once.
 
-use super::{ensure_action, result_limit, truncate, Action, CoreError, Session, WakeOutcome};
-use crate::core::call::{CallStage, CallState, TaskHandle, TrackedToolCall, Wait, WaitingFor};
+use super::{
+    call_envelope, ensure_action, result_limit, truncate, Action, CoreError, Session, WakeOutcome,
+};
+use crate::core::call::{CallState, TaskHandle, TrackedToolCall, WaitingFor};
 use crate::core::conversation::ToolResult;
-use crate::core::envelope::{CallEnvelope, ContextSnapshot};
+use crate::core::envelope::CallEnvelope;
 use crate::core::ids::{CallId, ContinuationToken};
 use crate::core::time::Millis;
 
@@ -109,36 +111,14 @@ pub(super) fn poll_action(session: &Session, call: &TrackedToolCall) -> Option<A
 /// The cancellation of the task `call` waited on (it timed out).
 pub(super) fn cancel_action(session: &Session, call: &TrackedToolCall) -> Option<Action> {
     let task = call.task()?.clone();
-    let envelope = envelope_of(session, call)?;
+    let envelope = call_envelope(&session.state.id, &session.config, call)?;
     Some(Action::CancelTask { envelope, task })
 }
 
 fn task_envelope(session: &Session, call: &TrackedToolCall) -> Option<(TaskHandle, CallEnvelope)> {
-    if !matches!(
-        call.stage(),
-        CallStage::Deferred {
-            wait: Wait::McpTask { .. },
-            ..
-        }
-    ) {
+    if call.waiting_for() != Some(WaitingFor::McpTask) {
         return None;
     }
-    Some((call.task()?.clone(), envelope_of(session, call)?))
-}
-
-/// The envelope of `call` as its MCP server is asked about it.
-fn envelope_of(session: &Session, call: &TrackedToolCall) -> Option<CallEnvelope> {
-    let token = call.token()?.clone();
-    let context = ContextSnapshot::for_call(
-        &session.state.id,
-        &session.config.scope,
-        call,
-        session.config.agent.as_deref(),
-    );
-    Some(CallEnvelope::new(
-        token,
-        call.effective_call(),
-        context,
-        call.policy.clone(),
-    ))
+    let envelope = call_envelope(&session.state.id, &session.config, call)?;
+    Some((call.task()?.clone(), envelope))
 }
