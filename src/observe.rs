@@ -96,6 +96,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     sessions: Family<PhaseLabel, Gauge>,
     leader: Gauge<i64, AtomicI64>,
+    events_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -167,6 +168,12 @@ impl Metrics {
             "1 while this replica holds the leader Lease, else 0",
             leader.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not written: the queue was full (a burst) or the API server refused them",
+            events_dropped.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -177,6 +184,7 @@ impl Metrics {
             reconcile_duration,
             sessions,
             leader,
+            events_dropped,
         }
     }
 
@@ -234,6 +242,11 @@ impl Metrics {
                 phase: phase.into(),
             })
             .set(count);
+    }
+
+    /// One Kubernetes Event was not written.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// Whether this replica leads now.

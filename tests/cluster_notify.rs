@@ -226,8 +226,11 @@ async fn each_wait_is_notified_once_across_a_restart() {
     assert_eq!(m["attempts"], 1, "{m}");
     assert_eq!(m["waitingFor"], "approval", "{m}");
     assert!(m["at"].is_string(), "{m}");
-    let sent = events(&ns.name, "NotificationSent");
-    assert!(sent.contains(deploy) && sent.contains(ask), "{sent}");
+    let mut sent = String::new();
+    wait_for("both NotificationSent Events", 10, || {
+        sent = events(&ns.name, "NotificationSent");
+        sent.contains(deploy) && sent.contains(ask)
+    });
     // The secret is nowhere but in the POSTs.
     for text in [
         continuation(&ns.name, deploy).to_string(),
@@ -284,8 +287,11 @@ async fn a_failing_webhook_is_retried_up_to_the_cap_then_given_up() {
     );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(hook.requests().len(), 5, "five attempts, no more");
-    let failed = events(&ns.name, "NotificationFailed");
-    assert!(failed.contains(token), "{failed}");
+    let mut failed = String::new();
+    wait_for("the NotificationFailed Event", 10, || {
+        failed = events(&ns.name, "NotificationFailed");
+        failed.contains(token)
+    });
     assert!(!failed.contains(SECRET_VALUE));
     hook.status.store(200, Ordering::SeqCst);
     drop(op);

@@ -402,8 +402,23 @@ async fn the_requested_flow_survives_an_operator_crash() {
         ("True", "AgentResolved")
     );
 
-    // kubectl describe tells the story.
-    let described = kubectl_ok(["describe", "session", "flow", "-n", &ns.name]);
+    // kubectl describe tells the story (Events are written off the
+    // reconcile path, a moment after the step).
+    let reasons = [
+        "ModelReplied",
+        "CallDeferred",
+        "ResultArrived",
+        "Yielded",
+        "Succeeded",
+    ];
+    let mut described = String::new();
+    for _ in 0..40 {
+        described = kubectl_ok(["describe", "session", "flow", "-n", &ns.name]);
+        if reasons.iter().all(|r| described.contains(r)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
     for reason in [
         "ModelReplied",
         "CallDeferred",

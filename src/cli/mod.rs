@@ -162,6 +162,14 @@ pub struct OperatorArgs {
     /// --api-qps).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub api_burst: Option<u32>,
+    /// Kubernetes Events written a second at most, on average. Events are
+    /// written off the reconcile path from a queue of 1000; under a burst,
+    /// what does not fit is dropped (agents_events_dropped_total).
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub event_qps: u32,
+    /// Events written at once before --event-qps paces them.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub event_burst: u32,
     /// Log lines as `text` or `json` (also AGENTS_LOG_FORMAT).
     #[arg(long, value_parser = ["text", "json"])]
     pub log_format: Option<String>,

@@ -50,6 +50,10 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
             qps: args.api_qps,
             burst: args.api_burst.unwrap_or(args.api_qps.saturating_mul(2)),
         }),
+        event_pace: crate::operator::event_sink::EventPace {
+            qps: args.event_qps,
+            burst: args.event_burst,
+        },
         max_calls_per_reply: args.max_calls_per_reply,
         secrets_need_label: args.secrets_need_label,
         finished_session_ttl_seconds: args.finished_session_ttl_seconds,

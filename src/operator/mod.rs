@@ -19,6 +19,7 @@
 
 pub mod agents;
 pub mod background;
+pub mod event_sink;
 pub mod events;
 pub mod notify;
 mod task_cancel;
@@ -43,7 +44,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
@@ -112,6 +112,8 @@ pub struct Options {
     pub max_concurrent_reconciles: u16,
     /// A client-side pace for API requests; `None`: none.
     pub api_rate: Option<ApiRate>,
+    /// How fast Events are written (`--event-qps`, `--event-burst`).
+    pub event_pace: event_sink::EventPace,
     /// Most tool calls one model reply may ask for.
     pub max_calls_per_reply: u32,
     /// Agents may use only Secrets labelled [`USABLE_BY_AGENTS`].
@@ -146,6 +148,7 @@ impl Default for Options {
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
             api_rate: None,
+            event_pace: Default::default(),
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
             secrets_need_label: true,
             finished_session_ttl_seconds: None,
@@ -167,7 +170,8 @@ pub struct LeaseOptions {
 pub struct Context {
     pub client: Client,
     pub holder: Holder,
-    pub recorder: Recorder,
+    /// Where Events go: a bounded queue, written off the reconcile path.
+    pub events: event_sink::EventSink,
     pub background: Arc<Background>,
     pub cache: Arc<MemoryCache>,
     /// The Job runner for isolated calls (per namespace via `with_namespace`).
@@ -196,12 +200,12 @@ impl Context {
         Context {
             client: client.clone(),
             holder,
-            recorder: Recorder::new(
+            events: event_sink::EventSink::start(
                 client.clone(),
-                Reporter {
-                    controller: CONTROLLER_NAME.into(),
-                    instance: Some(lease_identity(&OperatorIdentity::current())),
-                },
+                CONTROLLER_NAME,
+                lease_identity(&OperatorIdentity::current()),
+                opts.event_pace,
+                metrics.clone(),
             ),
             background,
             cache: Arc::new(MemoryCache::default()),
@@ -1215,7 +1219,7 @@ async fn report_not_ready(
             action: "ResolveAgent".into(),
             secondary: None,
         };
-        publish(ctx, &session.object_ref(&()), event).await;
+        publish(ctx, &session.object_ref(&()), event);
     }
     ctx.failures.lock().expect("failures").remove(&key);
     Ok(Action::requeue(not_ready.recheck))
@@ -1282,7 +1286,7 @@ async fn report_step(
     evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
     let reference = session.object_ref(&());
     for e in evs {
-        publish(ctx, &reference, e).await;
+        publish(ctx, &reference, e);
     }
 }
 
@@ -1366,15 +1370,14 @@ fn until(now: crate::core::Millis, at: crate::core::Millis) -> Duration {
     Duration::from_millis((at.0 - now.0).max(100) as u64)
 }
 
-async fn publish(
+/// Hands an Event to the writer; never waits (Events are for people, and
+/// one that cannot be written must not stop a session).
+fn publish(
     ctx: &Context,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     event: kube::runtime::events::Event,
 ) {
-    if let Err(e) = ctx.recorder.publish(&event, reference).await {
-        // Events are for people; a refused one must not stop the session.
-        debug!(reason = %event.reason, error = %e, "event not published");
-    }
+    ctx.events.publish(event, reference.clone());
 }
 
 /// Ends a session that cannot go on as `Failed`, saying why: through the
@@ -1416,7 +1419,7 @@ async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) 
         action: "Reconcile".into(),
         secondary: None,
     };
-    publish(&ctx, &session.object_ref(&()), event).await;
+    publish(&ctx, &session.object_ref(&()), event);
 }
 
 /// Marks the session `Failed` in its status alone, with its spec's
@@ -1459,23 +1462,17 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
             session.clone(),
             error.to_string(),
         ));
-        let ctx = ctx.clone();
-        let reference = session.object_ref(&());
-        let note = error.to_string();
-        tokio::spawn(async move {
-            publish(
-                &ctx,
-                &reference,
-                kube::runtime::events::Event {
-                    type_: kube::runtime::events::EventType::Warning,
-                    reason: "ReconcileFailed".into(),
-                    note: Some(note.chars().take(900).collect()),
-                    action: "Reconcile".into(),
-                    secondary: None,
-                },
-            )
-            .await
-        });
+        publish(
+            &ctx,
+            &session.object_ref(&()),
+            kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "ReconcileFailed".into(),
+                note: Some(error.to_string().chars().take(900).collect()),
+                action: "Reconcile".into(),
+                secondary: None,
+            },
+        );
         return Action::requeue(INVALID_RECHECK);
     }
     let n = {

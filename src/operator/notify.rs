@@ -338,7 +338,7 @@ async fn notify_one(
                     wait_text(wait)
                 ),
             );
-            publish(ctx, &session.object_ref(&()), e).await;
+            publish(ctx, &session.object_ref(&()), e);
             None
         }
         NotifyState::Failed => {
@@ -353,7 +353,7 @@ async fn notify_one(
                     marker.error.as_deref().unwrap_or("")
                 ),
             );
-            publish(ctx, &session.object_ref(&()), e).await;
+            publish(ctx, &session.object_ref(&()), e);
             None
         }
         NotifyState::Retrying => {

@@ -112,6 +112,8 @@ app.kubernetes.io/component: operator
 - --api-burst={{ .Values.operator.apiBurst | int }}
 {{- end }}
 {{- end }}
+- --event-qps={{ .Values.operator.eventQPS | int }}
+- --event-burst={{ .Values.operator.eventBurst | int }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}
 {{- end }}
