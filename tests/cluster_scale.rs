@@ -268,7 +268,7 @@ fn sessions_left(ns: &str) -> usize {
         .count()
 }
 
-fn writes_by_resource() -> (u64, u64) {
+fn writes_by_resource() -> (u64, u64, u64) {
     let w = support::api_writes();
     let of = |r: &str| {
         w.iter()
@@ -276,7 +276,7 @@ fn writes_by_resource() -> (u64, u64) {
             .map(|(_, n)| n)
             .sum()
     };
-    (of("sessions"), of("continuations"))
+    (of("sessions"), of("continuations"), of("events"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,13 +313,13 @@ async fn sessions_at_scale() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rss = rss_mib(op.pid());
     println!("operator idle RSS {idle_rss:.0} MiB");
-    println!("| sessions | sessions/s | Session writes/session | Continuation writes/session | API writes/s | ratio to raw bound | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB | peak MiB | KB/session | kube-apiserver RSS MiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| sessions | sessions/s | Session writes/session | Continuation writes/session | Event writes/session | API writes/s | ratio to raw bound | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB | peak MiB | KB/session | kube-apiserver RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut made = 0;
     let mut per_session_kb = 0.0;
     for size in sizes {
         let metrics_before = op.probe("/metrics").1;
-        let (s_before, c_before) = writes_by_resource();
+        let (s_before, c_before, e_before) = writes_by_resource();
         let started = Instant::now();
         for chunk in (made..size).step_by(500) {
             apply(&ns.name, &sessions_yaml(chunk, (chunk + 500).min(size)));
@@ -335,11 +335,14 @@ async fn sessions_at_scale() {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let took = started.elapsed().as_secs_f64();
-        let (s_after, c_after) = writes_by_resource();
+        let (s_after, c_after, e_after) = writes_by_resource();
         // The creates are the client's (one per session); the rest are the
         // operator's.
         let session_writes = (s_after - s_before) as f64 / batch as f64;
         let continuation_writes = (c_after - c_before) as f64 / batch as f64;
+        // Events are written off the reconcile path, paced (--event-qps):
+        // they share the API server but are not the session's writes.
+        let event_writes = (e_after - e_before) as f64 / batch as f64;
         let operator_writes_per_s =
             ((s_after - s_before) + (c_after - c_before) - batch as u64) as f64 / took;
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -349,7 +352,7 @@ async fn sessions_at_scale() {
         let metrics = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&metrics_before, &metrics, name, q));
         println!(
-            "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
+            "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {event_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
             batch as f64 / took,
             operator_writes_per_s / raw,
             q("agents_wake_latency_seconds", 0.5),

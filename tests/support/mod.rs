@@ -534,7 +534,7 @@ pub fn api_writes() -> BTreeMap<(String, String), u64> {
         }
         if !matches!(
             resource.as_str(),
-            "sessions" | "continuations" | "configmaps" | "jobs"
+            "sessions" | "continuations" | "configmaps" | "jobs" | "events"
         ) {
             continue;
         }
