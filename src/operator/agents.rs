@@ -51,6 +51,35 @@ pub fn controller(
         })
 }
 
+/// The Agents a session names, read from the session controller's watch
+/// cache: a step reads no Agent from the API server. An Agent the cache
+/// has not seen yet (the operator just started, or it was created a moment
+/// ago) is read from the API server.
+pub(super) struct WatchedAgents<'a> {
+    pub seen: &'a kube::runtime::reflector::Store<Agent>,
+    pub api: Api<Agent>,
+    pub namespace: &'a str,
+}
+
+impl crate::ports::AgentLookup for WatchedAgents<'_> {
+    fn agent<'b>(
+        &'b self,
+        name: &'b str,
+    ) -> futures::future::BoxFuture<'b, Result<Option<crate::api::AgentSpec>, String>> {
+        Box::pin(async move {
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(self.namespace);
+            if let Some(agent) = self.seen.get(&key) {
+                return Ok(Some(agent.spec.clone()));
+            }
+            match self.api.get_opt(name).await {
+                Ok(found) => Ok(found.map(|a| a.spec)),
+                Err(kube::Error::Api(s)) => Err(format!("{} {}", s.code, s.message)),
+                Err(other) => Err(other.to_string()),
+            }
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the API server: {0}")]

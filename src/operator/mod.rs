@@ -36,7 +36,6 @@ use crate::engine::{
 use crate::engine::{Progress, Provenance};
 use crate::model::{ModelClient, OpenAiModel};
 use crate::store::kube::{KubeStore, MemoryCache};
-use crate::store::kube_admin::ClusterAgents;
 use crate::store::StoreError;
 use crate::tools::Toolbox;
 use background::{Background, SessionRunner};
@@ -170,6 +169,8 @@ pub struct LeaseOptions {
 pub struct Context {
     pub client: Client,
     pub holder: Holder,
+    /// The Agents of the watched namespaces, as the watch last saw them.
+    agents: Store<Agent>,
     /// Where Events go: a bounded queue, written off the reconcile path.
     pub events: event_sink::EventSink,
     pub background: Arc<Background>,
@@ -196,10 +197,12 @@ impl Context {
         holder: Holder,
         background: Arc<Background>,
         metrics: Arc<crate::observe::Metrics>,
+        agents: Store<Agent>,
     ) -> Context {
         Context {
             client: client.clone(),
             holder,
+            agents,
             events: event_sink::EventSink::start(
                 client.clone(),
                 CONTROLLER_NAME,
@@ -539,6 +542,7 @@ pub async fn run_with(
         "operator starting"
     );
     let (sessions, writer) = kube::runtime::reflector::store::<Session>();
+    let (agents_seen, agents_writer) = kube::runtime::reflector::store::<Agent>();
     let session_events = tracked_watch(
         api::<Session>(&watching, ns),
         watcher::Config::default(),
@@ -558,6 +562,7 @@ pub async fn run_with(
         holder.clone(),
         background.clone(),
         metrics,
+        agents_seen,
     ));
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
@@ -570,17 +575,18 @@ pub async fn run_with(
             |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
         );
     let agents = agents::controller(&watching, ns, ctx.clone(), &health);
-    let sessions_controller = with_triggers(controller, &watching, ns, &health, &sessions)
-        .reconcile_on(wakes)
-        .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(session = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile not done"),
-            }
-        });
+    let sessions_controller =
+        with_triggers(controller, &watching, ns, &health, &sessions, agents_writer)
+            .reconcile_on(wakes)
+            .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
+            .shutdown_on_signal()
+            .run(reconcile, error_policy, ctx)
+            .for_each(|res| async move {
+                match res {
+                    Ok((obj, _)) => debug!(session = %obj, "reconciled"),
+                    Err(e) => debug!(error = %e, "reconcile not done"),
+                }
+            });
     futures::join!(sessions_controller, agents);
     drop(controller_guard);
     info!("operator stopped");
@@ -595,6 +601,7 @@ fn with_triggers(
     ns: Option<&str>,
     health: &crate::observe::Health,
     sessions: &Store<Session>,
+    agents_writer: kube::runtime::reflector::store::Writer<Agent>,
 ) -> Controller<Session> {
     let scope = ns.unwrap_or("all");
     let by_agent = sessions.clone();
@@ -616,6 +623,7 @@ fn with_triggers(
                 health,
                 format!("watch agents/{scope}"),
             )
+            .reflect(agents_writer)
             .touched_objects(),
             move |agent: Agent| sessions_using(&by_agent, &agent),
         )
@@ -820,7 +828,11 @@ struct Resolved {
 async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved, NotReady> {
     use crate::agent::Unresolved;
     let name = session.name_any();
-    let lookup = ClusterAgents(Api::namespaced(ctx.client.clone(), ns));
+    let lookup = agents::WatchedAgents {
+        seen: &ctx.agents,
+        api: Api::namespaced(ctx.client.clone(), ns),
+        namespace: ns,
+    };
     let place = format!("in namespace {ns}; the session waits until it is created");
     let definition = crate::agent::definition(&name, &session.spec, &lookup, &place)
         .await
