@@ -8,7 +8,7 @@
 //! and `status.outcome` (result, who, when). The API server enforces it
 //! (CEL rules below), so a mistake or a race cannot rewrite either.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -242,8 +242,10 @@ pub struct OutcomeStatus {
     /// runs and timeouts, `cache`).
     #[schemars(length(min = 1, max = 253))]
     pub completed_by: String,
-    /// When the result was supplied.
-    pub completed_at: Time,
+    /// When the result was supplied, to the microsecond: a session's wake
+    /// latency is measured from it (a whole-second `Time` would add up to
+    /// a second to each).
+    pub completed_at: MicroTime,
 }
 
 /// An approve/deny decision: one write-once unit.

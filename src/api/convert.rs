@@ -21,7 +21,7 @@ use crate::core::policy::{AppliedPolicy, ApprovalPolicy, Decorators, OnTimeout, 
 use crate::core::policy::{EnvVarSpec, SecretKeyRef as CoreSecretKeyRef};
 use crate::core::session::{ContinuationSpec, PartialUserTurn, ToolInfo};
 use crate::core::*;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 
@@ -421,6 +421,15 @@ pub fn time(m: Millis) -> Time {
 }
 
 pub fn millis(t: &Time) -> Millis {
+    Millis(t.0.as_millisecond())
+}
+
+/// [`time`], to the microsecond (a `MicroTime` keeps the fraction).
+pub fn micro_time(m: Millis) -> MicroTime {
+    MicroTime(time(m).0)
+}
+
+pub fn micro_millis(t: &MicroTime) -> Millis {
     Millis(t.0.as_millisecond())
 }
 

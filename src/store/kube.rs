@@ -801,7 +801,7 @@ impl KubeStore {
                 "outcome": {
                     "result": value,
                     "completedBy": by,
-                    "completedAt": convert::time(now),
+                    "completedAt": convert::micro_time(now),
                 }
             }))
         };
@@ -1157,7 +1157,7 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
                     .unwrap_or_else(|e| malformed(&o.completed_by, &e.to_string())),
             ),
             Some(o.completed_by.clone()),
-            Some(convert::millis(&o.completed_at)),
+            Some(convert::micro_millis(&o.completed_at)),
         ),
     };
     let decision = match &spec.policy.decorators.approval_policy {
