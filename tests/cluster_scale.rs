@@ -123,10 +123,40 @@ fn rss_mib(pid: i32) -> f64 {
 }
 
 fn apiserver_pid() -> i32 {
-    std::fs::read_to_string("/var/lib/agents-test-cluster/pids/kube-apiserver.pid")
+    cluster_pid("kube-apiserver")
+}
+
+fn cluster_pid(component: &str) -> i32 {
+    std::fs::read_to_string(format!("/var/lib/agents-test-cluster/pids/{component}.pid"))
         .ok()
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// CPU seconds a process has used (user and system), from /proc.
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces) in parentheses.
+    let after = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 here.
+    let hz = 100.0; // USER_HZ on Linux
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// CPU seconds of the operator, kube-apiserver and etcd.
+fn cpu_of(operator: i32) -> [f64; 3] {
+    [
+        cpu_seconds(operator),
+        cpu_seconds(apiserver_pid()),
+        cpu_seconds(cluster_pid("etcd")),
+    ]
 }
 
 /// Sessions of `ns` that have succeeded (phases only are fetched).
@@ -347,9 +377,11 @@ async fn sessions_at_scale() {
     etcd_compact_and_defrag();
     let etcd_start = etcd_mb();
     let raw_ns = TestNamespace::create(&client, "scale-raw").await;
+    let api_cpu_before = cpu_seconds(apiserver_pid());
     let raw = raw_patch_bound(&client, &raw_ns.name, 4000).await;
+    let api_ms_per_patch = (cpu_seconds(apiserver_pid()) - api_cpu_before) * 1000.0 / 4000.0;
     raw_ns.delete(&client).await;
-    println!("machine: {cores} cores; raw bound: {raw:.0} status patches/s ({CONCURRENCY} clients, 4 KB each)");
+    println!("machine: {cores} cores; raw bound: {raw:.0} status patches/s ({CONCURRENCY} clients, 4 KB each), kube-apiserver CPU {api_ms_per_patch:.1} ms a patch");
 
     let ns = TestNamespace::create(&client, "scale").await;
     apply(&ns.name, AGENT);
@@ -360,15 +392,17 @@ async fn sessions_at_scale() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rss = rss_mib(op.pid());
     println!("operator idle RSS {idle_rss:.0} MiB");
-    println!("| sessions | sessions/s | Session writes/session | Continuation writes/session | Event writes/session | API writes/s | ratio to raw bound | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB | peak MiB | KB/session | kube-apiserver RSS MiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| sessions | sessions/s | Session writes/session | Continuation writes/session | Event writes/session | API writes/s | ratio to raw bound | of the sessions/s the raw bound allows | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB | peak MiB | KB/session | kube-apiserver RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut made = 0;
     let mut per_session_kb = 0.0;
     let mut last_requests = None;
+    let mut cpu_rows = Vec::new();
     for size in sizes {
         let metrics_before = op.probe("/metrics").1;
         let (s_before, c_before, e_before) = writes_by_resource();
         let requests_before = requests_by_verb();
+        let cpu_before = cpu_of(op.pid());
         let started = Instant::now();
         for chunk in (made..size).step_by(500) {
             apply(&ns.name, &sessions_yaml(chunk, (chunk + 500).min(size)));
@@ -386,6 +420,7 @@ async fn sessions_at_scale() {
         let took = started.elapsed().as_secs_f64();
         let (s_after, c_after, e_after) = writes_by_resource();
         let requests_after = requests_by_verb();
+        let cpu_after = cpu_of(op.pid());
         // The creates are the client's (one per session); the rest are the
         // operator's.
         let session_writes = (s_after - s_before) as f64 / batch as f64;
@@ -402,15 +437,32 @@ async fn sessions_at_scale() {
         let metrics = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&metrics_before, &metrics, name, q));
         println!(
-            "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {event_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
+            "| {size} | {:.1} | {session_writes:.1} | {continuation_writes:.1} | {event_writes:.1} | {operator_writes_per_s:.0} | {:.2} | {:.2} | {} | {} | {} | {rss:.0} | {peak:.0} | {per_session_kb:.1} | {:.0} |",
             batch as f64 / took,
             operator_writes_per_s / raw,
+            // The measure: sessions/s against raw / (the writes one
+            // session needs, its create included).
+            (batch as f64 / took) * (session_writes + continuation_writes) / raw,
             q("agents_wake_latency_seconds", 0.5),
             q("agents_wake_latency_seconds", 0.99),
             q("agents_reconcile_duration_seconds", 0.99),
             rss_mib(apiserver_pid())
         );
         last_requests = Some((batch, requests_before, requests_after));
+        let per = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / batch as f64;
+        cpu_rows.push(format!(
+            "| {size} | {:.1} | {:.1} | {:.1} | {:.0} % |",
+            per(0),
+            per(1),
+            per(2),
+            100.0 * (cpu_after.iter().sum::<f64>() - cpu_before.iter().sum::<f64>())
+                / (took * cores.max(1) as f64)
+        ));
+    }
+    println!("| sessions | operator CPU ms/session | kube-apiserver CPU ms/session | etcd CPU ms/session | of the machine's CPU |");
+    println!("|---|---|---|---|---|");
+    for row in &cpu_rows {
+        println!("{row}");
     }
     if let Some((size, before, after)) = last_requests {
         println!("| API requests per session ({size}-session batch) | verb | resource |");
@@ -512,9 +564,9 @@ async fn completer_rounds(
         .unwrap_or(200);
     apply(ns, WAITING_AGENT);
     println!(
-        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms |"
+        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let mut rate = None;
     for (round, label) in ["burst", "half the burst's rate"].into_iter().enumerate() {
         let from = offset + round * n;
@@ -535,6 +587,7 @@ async fn completer_rounds(
             }
         }
         let before = op.probe("/metrics").1;
+        let rss_waiting = rss_mib(op.pid());
         let started = Instant::now();
         let pace = rate.map(|r: f64| Duration::from_secs_f64(8.0 / (r / 2.0)));
         let chunks: Vec<Vec<String>> = tokens.chunks(n.div_ceil(8)).map(|c| c.to_vec()).collect();
@@ -594,7 +647,7 @@ async fn completer_rounds(
         let after = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&before, &after, name, q));
         println!(
-            "| {label} | {n} | {round_trips:.1} | {} | {} | {} |",
+            "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} |",
             q("agents_wake_latency_seconds", 0.5),
             q("agents_wake_latency_seconds", 0.99),
             q("agents_reconcile_duration_seconds", 0.99),
