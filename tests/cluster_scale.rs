@@ -488,7 +488,9 @@ async fn sessions_at_scale() {
         &[],
     );
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(120 + made as u64 / 5);
+    // The batches' sessions and the completer's.
+    let finished = sessions_left(&ns.name);
+    let deadline = started + Duration::from_secs(120 + finished as u64 / 5);
     while sessions_left(&ns.name) > 0 {
         assert!(
             Instant::now() < deadline,
@@ -521,8 +523,8 @@ async fn sessions_at_scale() {
     etcd_compact_and_defrag();
     let etcd_no_events = etcd_mb();
     println!(
-        "retention removed {made} sessions in {retention_took:.0} s ({:.0}/s)",
-        made as f64 / retention_took
+        "retention removed {finished} sessions in {retention_took:.0} s ({:.0}/s)",
+        finished as f64 / retention_took
     );
     println!("| etcd | database MB | in use MB |");
     println!("|---|---|---|");
@@ -564,9 +566,9 @@ async fn completer_rounds(
         .unwrap_or(200);
     apply(ns, WAITING_AGENT);
     println!(
-        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting |"
+        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting | completion write p50/p99 ms |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut rate = None;
     for (round, label) in ["burst", "half the burst's rate"].into_iter().enumerate() {
         let from = offset + round * n;
@@ -594,6 +596,7 @@ async fn completer_rounds(
         let tasks = chunks.into_iter().map(|chunk| {
             let store = agents::store::kube::KubeStore::new(client.clone(), ns);
             tokio::spawn(async move {
+                let mut took = Vec::new();
                 for t in chunk {
                     let tick = Instant::now();
                     let result = agents::core::ToolResult::text("42");
@@ -612,15 +615,27 @@ async fn completer_rounds(
                     )
                     .await
                     .unwrap();
+                    took.push(tick.elapsed());
                     if let Some(p) = pace {
                         tokio::time::sleep(p.saturating_sub(tick.elapsed())).await;
                     }
                 }
+                took
             })
         });
+        // How long a completion itself takes (the completer's read and
+        // write): the first part of every wake latency.
+        let mut writes: Vec<Duration> = Vec::new();
         for t in futures::future::join_all(tasks).await {
-            t.unwrap();
+            writes.extend(t.unwrap());
         }
+        writes.sort();
+        let write_ms = |q: f64| {
+            writes
+                .get(((writes.len() as f64 * q) as usize).min(writes.len().saturating_sub(1)))
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        };
         let done = |ns: String| {
             let out = kubectl_ok([
                 "get",
@@ -647,10 +662,12 @@ async fn completer_rounds(
         let after = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&before, &after, name, q));
         println!(
-            "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} |",
+            "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} | {}/{} |",
             q("agents_wake_latency_seconds", 0.5),
             q("agents_wake_latency_seconds", 0.99),
             q("agents_reconcile_duration_seconds", 0.99),
+            write_ms(0.5),
+            write_ms(0.99),
         );
     }
 }
