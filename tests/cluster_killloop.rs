@@ -5,6 +5,9 @@
 //! the same key, which the tool recognises; never under another). Also
 //! counts the API writes of a run from the API server's own metrics.
 //!
+//! Then the same over isolated calls: kills while Jobs are created, run
+//! and read leave exactly one Job per attempt.
+//!
 //! Replay a failing run with the printed AGENTS_TEST_SEED. At scale (issue
 //! 17 asks for 100 sessions and 50 kills):
 //!
@@ -122,4 +125,125 @@ async fn twenty_kills_across_twenty_sessions_lose_and_repeat_nothing() {
         "API writes for {sessions} sessions x 3 calls under {kills} kills: {total} ({:.1} per call): {delta:?}",
         total as f64 / (sessions * 3) as f64
     );
+}
+
+/// Sessions whose one call runs isolated (a busybox Job that takes 2 s).
+fn isolated_manifests(sessions: usize) -> String {
+    let mut out = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: isolated}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: work, arguments: {{}}}}
+        - text: finished
+  tools:
+    - name: work
+      container:
+        image: {}
+        command: ["/bin/sh", "-c", "sleep 2; echo worked"]
+  policy:
+    default: runIsolated
+"#,
+        support::BUSYBOX_IMAGE
+    );
+    for i in 0..sessions {
+        out.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: i{i}}}\nspec:\n  agentRef: {{name: isolated}}\n  messages: [\"work {i}\"]\n"
+        ));
+    }
+    out
+}
+
+/// The kill loop over isolated calls: however the kills fall (while a Job
+/// is created, runs, or its result is read), each call's one attempt is
+/// one Job, and every session succeeds with the tool's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_across_isolated_calls_leave_one_job_per_attempt() {
+    let sessions = sized("AGENTS_KILLLOOP_ISOLATED", 8);
+    let kills = sized("AGENTS_KILLLOOP_ISOLATED_KILLS", 8);
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let Some(image) = support::agents_image() else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let mut rng = Rng::from_env_or_time();
+    let ns = TestNamespace::create(&client, "killiso").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let start = |n: usize| {
+        Operator::start(
+            BIN,
+            &format!("{}-{n}", ns.name),
+            &kubeconfig,
+            &["-n", &ns.name, "--agents-image", &image],
+            &[],
+        )
+    };
+    let started = Instant::now();
+    let mut op = start(0);
+    support::apply(&ns.name, &isolated_manifests(sessions));
+    for k in 0..kills {
+        std::thread::sleep(Duration::from_millis(rng.below(1500)));
+        drop(op); // SIGKILL, by PID, and reaped
+        op = start(k + 1);
+    }
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "sessions",
+        "--all",
+        "--timeout=240s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        kubectl_ok(["get", "sessions", "-n", &ns.name])
+    );
+    drop(op);
+    let jobs: serde_json::Value =
+        serde_json::from_str(&kubectl_ok(["get", "jobs", "-n", &ns.name, "-o", "json"])).unwrap();
+    let labels: Vec<String> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            j["metadata"]["labels"]["agents-exe.io/continuation"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    eprintln!(
+        "{sessions} isolated sessions, {kills} kills, done in {:?}: {} Jobs",
+        started.elapsed(),
+        labels.len()
+    );
+    for i in 0..sessions {
+        let token = format!("i{i}-t1-c0");
+        let n = labels.iter().filter(|l| **l == token).count();
+        assert_eq!(n, 1, "{token}: one Job for its one attempt: {labels:?}");
+        let s: serde_json::Value = serde_json::from_str(&kubectl_ok([
+            "get",
+            "session",
+            &format!("i{i}"),
+            "-n",
+            &ns.name,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let result = &s["status"]["turns"][2]["toolResults"][0]["result"];
+        assert_eq!(result["response"]["content"], "worked", "i{i}: {result}");
+    }
+    assert_eq!(labels.len(), sessions, "no other Job: {labels:?}");
 }
