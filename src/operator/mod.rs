@@ -181,9 +181,10 @@ pub struct Context {
     pub options: Options,
     /// Failed reconciles in a row, per session, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// Waits already announced as Events (session UID, token, what it waits
-    /// for): every step re-ensures open continuations, which is no news.
-    announced: Mutex<HashSet<String>>,
+    /// Waits already announced as Events, per session UID (token and what
+    /// it waits for): every step re-ensures open continuations, which is no
+    /// news. A session's entry goes when it finishes.
+    announced: Mutex<HashMap<String, HashSet<String>>>,
     /// Connections to MCP servers and their listings, shared by the Agent
     /// and Session reconciles and the background runs.
     pub mcp: Arc<crate::tools::mcp::McpPool>,
@@ -223,7 +224,7 @@ impl Context {
             metrics,
             options: opts.clone(),
             failures: Mutex::new(HashMap::new()),
-            announced: Mutex::new(HashSet::new()),
+            announced: Mutex::new(HashMap::new()),
             mcp: Arc::default(),
         }
     }
@@ -1283,12 +1284,21 @@ async fn report_step(
         if announced.len() > 100_000 {
             announced.clear();
         }
-        progress.retain(|p| match p {
-            Progress::Deferred {
-                token, waiting_for, ..
-            } => announced.insert(format!("{uid}/{token}/{waiting_for:?}")),
-            _ => true,
-        });
+        let ended = progress
+            .iter()
+            .any(|p| matches!(p, Progress::Finished { .. } | Progress::Failed { .. }));
+        if ended {
+            // A finished session waits on nothing: forget its waits.
+            announced.remove(&uid);
+        } else {
+            let waits = announced.entry(uid.clone()).or_default();
+            progress.retain(|p| match p {
+                Progress::Deferred {
+                    token, waiting_for, ..
+                } => waits.insert(format!("{token}/{waiting_for:?}")),
+                _ => true,
+            });
+        }
     }
     ctx.metrics.reconciled(true);
     for p in &progress {
