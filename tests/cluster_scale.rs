@@ -216,27 +216,65 @@ async fn raw_patch_bound(client: &kube::Client, ns: &str, patches: usize) -> f64
 
 /// A histogram's cumulative buckets (upper bound, count) in `metrics`.
 fn buckets(metrics: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (le, n) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, n.trim().parse().ok()?))
-        })
-        .collect()
+    buckets_where(metrics, name, &[])
+}
+
+/// A histogram's cumulative buckets over the series whose labels include
+/// every one of `labels`, summed by bound.
+fn buckets_where(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{");
+    let mut by_bound: Vec<(f64, f64)> = Vec::new();
+    for line in metrics.lines() {
+        let Some((set, n)) = line
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once("} "))
+        else {
+            continue;
+        };
+        let pairs: Vec<(&str, &str)> = set
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        if !labels.iter().all(|l| pairs.contains(l)) {
+            continue;
+        }
+        let Some(le) = pairs.iter().find(|(k, _)| *k == "le").map(|(_, v)| *v) else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            let Ok(le) = le.parse() else { continue };
+            le
+        };
+        let n: f64 = n.trim().parse().unwrap_or(0.0);
+        match by_bound.iter_mut().find(|(l, _)| *l == le) {
+            Some((_, total)) => *total += n,
+            None => by_bound.push((le, n)),
+        }
+    }
+    by_bound.sort_by(|a, b| a.0.total_cmp(&b.0));
+    by_bound
+}
+
+/// [`quantile`] of the API server's own request latency for one verb and
+/// resource (`subresource` "" for the object itself).
+fn api_quantile(before: &str, after: &str, verb: &str, resource: &str, q: f64) -> String {
+    let labels = [("verb", verb), ("resource", resource)];
+    let old = buckets_where(before, "apiserver_request_duration_seconds", &labels);
+    let new = buckets_where(after, "apiserver_request_duration_seconds", &labels);
+    ms(quantile_of(&old, new, q))
 }
 
 /// Quantile `q` of what a histogram took in between two scrapes: the upper
 /// bound of the bucket that holds it.
 fn quantile(before: &str, after: &str, name: &str, q: f64) -> Option<f64> {
-    let old = buckets(before, name);
-    let delta: Vec<(f64, f64)> = buckets(after, name)
+    quantile_of(&buckets(before, name), buckets(after, name), q)
+}
+
+fn quantile_of(old: &[(f64, f64)], new: Vec<(f64, f64)>, q: f64) -> Option<f64> {
+    let delta: Vec<(f64, f64)> = new
         .into_iter()
         .map(|(le, n)| {
             let was = old.iter().find(|(l, _)| *l == le).map_or(0.0, |(_, n)| *n);
@@ -580,6 +618,7 @@ async fn completer_rounds(
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut rate = None;
+    let mut api_rows = Vec::new();
     for (round, label) in ["burst", "half the burst's rate"].into_iter().enumerate() {
         let from = offset + round * n;
         apply(ns, &sessions_of("waits", "w", from, from + n));
@@ -599,6 +638,7 @@ async fn completer_rounds(
             }
         }
         let before = op.probe("/metrics").1;
+        let api_before = kubectl_ok(["get", "--raw", "/metrics"]);
         let rss_waiting = rss_mib(op.pid());
         let started = Instant::now();
         let pace = rate.map(|r: f64| Duration::from_secs_f64(8.0 / (r / 2.0)));
@@ -679,5 +719,26 @@ async fn completer_rounds(
             write_ms(0.5),
             write_ms(0.99),
         );
+        // The API server's own view of the requests on a wake's path.
+        let api_after = kubectl_ok(["get", "--raw", "/metrics"]);
+        let a = |verb: &str, resource: &str| {
+            format!(
+                "{}/{}",
+                api_quantile(&api_before, &api_after, verb, resource, 0.5),
+                api_quantile(&api_before, &api_after, verb, resource, 0.99)
+            )
+        };
+        api_rows.push(format!(
+            "| {label} | {} | {} | {} | {} |",
+            a("GET", "continuations"),
+            a("PATCH", "continuations"),
+            a("GET", "sessions"),
+            a("PATCH", "sessions"),
+        ));
+    }
+    println!("| completer: kube-apiserver's request latency p50/p99 ms (bucket bounds) | GET continuation | PATCH continuation | GET session | PATCH session |");
+    println!("|---|---|---|---|---|");
+    for row in api_rows {
+        println!("{row}");
     }
 }
