@@ -104,6 +104,41 @@ async fn the_envelope_arrives_on_stdin_and_stdout_is_the_result() {
     assert_eq!(echoed, env);
 }
 
+/// A tool that never reads its stdin and exits at once: podman's attach
+/// drops such a container's output in a few runs out of a hundred (podman
+/// 4.3), so the runner reads the container's log instead. 40 runs, each of
+/// which must return its output and stderr, and leave no container.
+#[tokio::test]
+async fn a_tool_that_ignores_its_stdin_and_exits_at_once_still_returns_its_output() {
+    let Some(engine) = engine() else { return };
+    let runner = ContainerRunner::default();
+    let mut lost = Vec::new();
+    for i in 0..40 {
+        let token = unique(&format!("quick{i}-t1-c"));
+        let env = envelope(&token);
+        let out = runner
+            .run(
+                &env,
+                &sh("echo quick-ok; echo also-err >&2"),
+                1,
+                Duration::from_secs(60),
+            )
+            .await;
+        let got = match &out.result {
+            ToolResult::Success { response } => response.to_model_text(),
+            other => format!("{other:?}"),
+        };
+        if got.trim() != "quick-ok" || !out.stderr.contains("also-err") {
+            lost.push((i, got, out.stderr.clone()));
+        }
+        assert!(
+            containers_named(&engine, &container_name(&token, 1)).is_empty(),
+            "run {i} left its container"
+        );
+    }
+    assert!(lost.is_empty(), "runs that lost their output: {lost:?}");
+}
+
 #[tokio::test]
 async fn the_container_is_hardened() {
     let Some(_) = engine() else { return };

@@ -6,7 +6,9 @@
 //!
 //! Hardened by default, like the Job's pod: no network, a read-only root
 //! (a small tmpfs at `/tmp`), all capabilities dropped, no new privileges,
-//! user 65532, memory/CPU/pids limits, explicit lower ulimits, `--rm`, and
+//! user 65532, memory/CPU/pids limits, explicit lower ulimits, removed
+//! after the run (with podman its output is read back from its log, see
+//! [`run_command`]), and
 //! only the variables the definition names. Their values travel in the
 //! engine client's environment (`--env NAME`), never on its command line,
 //! where other users could read secrets in the process list.
@@ -91,7 +93,9 @@ impl ContainerRunner {
             Err(why) => return failed(started, no_engine(envelope, spec, &why)),
         };
         let name = container_name(envelope.token.as_str(), attempt);
-        let (argv, env) = match run_command(&name, envelope, spec, &|k| std::env::var(k).ok()) {
+        let (argv, env) = match run_command(&name, engine.podman, envelope, spec, &|k| {
+            std::env::var(k).ok()
+        }) {
             Ok(x) => x,
             Err(e) => return failed(started, e),
         };
@@ -113,10 +117,18 @@ impl ContainerRunner {
         };
         // Removes the container however this function is left.
         let mut guard = Remover(Some((engine, name)));
-        let ended = tool.exchange(exchange(envelope, timeout)).await;
+        let mut ended = tool.exchange(exchange(envelope, timeout)).await;
         if ended.is_err() {
             // Timed out: the container goes before the outcome is told.
             guard.remove_now().await;
+        }
+        if let (Ok(run), Some((engine, name))) = (&mut ended, &guard.0) {
+            if engine.podman {
+                if let Err(why) = output_from_log(envelope, engine, name, run, timeout).await {
+                    guard.remove_now().await;
+                    return failed(started, why);
+                }
+            }
         }
         let outcome = ProcessOutcome::of(
             started,
@@ -129,12 +141,59 @@ impl ContainerRunner {
             },
             |status, stdout, stderr| engine_result(envelope, status, stdout, stderr),
         );
-        // `--rm` removed it on a normal exit; the guard makes sure.
-        if outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
+        // `--rm` removed it on a normal exit with docker; with podman (no
+        // `--rm`, see [`run_command`]) and on failures the guard does.
+        let podman = guard.0.as_ref().is_some_and(|(e, _)| e.podman);
+        if podman || outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
             guard.remove_now().await;
         }
         guard.disarm();
         outcome
+    }
+}
+
+/// Replaces what the attached client printed with the container's own
+/// log (`podman logs`), read with the same caps, when the log holds at
+/// least what the client saw. Attached output that overflowed a cap is
+/// kept: the log, bounded too, adds nothing then.
+/// A run the engine itself failed (125) has no container output to read.
+async fn output_from_log(
+    envelope: &CallEnvelope,
+    engine: &Engine,
+    name: &str,
+    run: &mut harness::Ended<super::Captured>,
+    timeout: Duration,
+) -> Result<(), String> {
+    if run.stdout.overflow || run.stderr.overflow || run.exit_code() == Some(125) {
+        return Ok(());
+    }
+    let mut cmd = Command::new(&engine.program);
+    cmd.args(global_args()).args(["logs", name]);
+    let client = harness::spawn(&mut cmd, Options::ENGINE_CLIENT)
+        .map_err(|e| format!("cannot start {}: {e}", engine.program.display()))?;
+    // `podman logs` reads no stdin; the harness allows a child that does not.
+    let logs = client
+        .exchange(super::exchange(envelope, timeout))
+        .await
+        .map_err(|_| {
+            format!(
+                "reading the container's log took over {}s",
+                timeout.as_secs()
+            )
+        })?;
+    match &logs.status {
+        // What the client did see is a prefix of the log, or the log was
+        // cut (a flood of short lines past its size): then keep the former.
+        Ok(s) if s.success() && logs.stdout.text().starts_with(&run.stdout.text()) => {
+            run.stdout = logs.stdout;
+            run.stderr = logs.stderr;
+            Ok(())
+        }
+        Ok(s) if s.success() => Ok(()),
+        other => Err(format!(
+            "the container ran, but its output could not be read back (`podman logs {name}`: {other:?}): {}",
+            logs.stderr.text().trim()
+        )),
     }
 }
 
@@ -292,6 +351,7 @@ const HARDENING: &[&str] = &[
 /// gets; `lookup` reads the worker's environment (secrets, settings).
 pub fn run_command(
     name: &str,
+    podman: bool,
     envelope: &CallEnvelope,
     spec: &IsolationSpec,
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
@@ -305,7 +365,22 @@ pub fn run_command(
             .unwrap_or_default()
     };
     let mut argv = words(ENGINE_ARGS_ENV);
-    argv.extend(["run", "--rm", "-i", "--name", name].map(String::from));
+    if podman {
+        // podman's attach can drop the output of a container that exits
+        // without reading its stdin (seen 2-6 % of runs with podman 4.3):
+        // the container keeps its log, which the runner reads afterwards
+        // and then removes the container. The log holds more than the
+        // runner ever captures, so it is never cut short unseen.
+        argv.extend(["run", "-i", "--name", name].map(String::from));
+        argv.extend([
+            "--log-driver".to_string(),
+            "k8s-file".to_string(),
+            "--log-opt".to_string(),
+            format!("max-size={}", 16 * super::MAX_CAPTURE_BYTES),
+        ]);
+    } else {
+        argv.extend(["run", "--rm", "-i", "--name", name].map(String::from));
+    }
     argv.extend(HARDENING.iter().map(|f| f.to_string()));
     argv.extend(limit_flags(spec, lookup)?);
     let base = vec![
@@ -441,7 +516,7 @@ impl Remover {
         }
     }
 
-    /// The container is gone by itself (`--rm`).
+    /// The container is gone (by itself with `--rm`, or removed).
     fn disarm(&mut self) {
         self.0 = None;
     }
@@ -474,8 +549,14 @@ mod tests {
             ("GREETING", "hi"),
         );
         let lookup = |k: &str| (k == "AGENTS_SECRET_GH_TOKEN").then(|| "s3cret".to_string());
-        let (argv, env) =
-            run_command("agents-s-t1-c0-a1", &envelope("s", "{}"), &spec, &lookup).unwrap();
+        let (argv, env) = run_command(
+            "agents-s-t1-c0-a1",
+            false,
+            &envelope("s", "{}"),
+            &spec,
+            &lookup,
+        )
+        .unwrap();
         let line = argv.join(" ");
         for flag in [
             "run --rm -i --name agents-s-t1-c0-a1",
@@ -497,7 +578,7 @@ mod tests {
         assert!(!line.contains("s3cret") && !line.contains("hi "), "{line}");
         assert!(env.contains(&("TOKEN".into(), "s3cret".into())));
         assert!(env.contains(&("AGENTS_TOKEN".into(), "s-t1-c0".into())));
-        let missing = run_command("n", &envelope("s", "{}"), &spec, &|_| None).unwrap_err();
+        let missing = run_command("n", false, &envelope("s", "{}"), &spec, &|_| None).unwrap_err();
         assert!(missing.contains("AGENTS_SECRET_GH_TOKEN"), "{missing}");
     }
 
