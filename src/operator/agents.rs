@@ -57,7 +57,7 @@ pub fn controller(
 /// ago) is read from the API server.
 pub(super) struct WatchedAgents<'a> {
     pub seen: &'a kube::runtime::reflector::Store<Agent>,
-    pub api: Api<Agent>,
+    pub api: crate::store::kube_admin::ClusterAgents,
     pub namespace: &'a str,
 }
 
@@ -66,17 +66,11 @@ impl crate::ports::AgentLookup for WatchedAgents<'_> {
         &'b self,
         name: &'b str,
     ) -> futures::future::BoxFuture<'b, Result<Option<crate::api::AgentSpec>, String>> {
-        Box::pin(async move {
-            let key = kube::runtime::reflector::ObjectRef::new(name).within(self.namespace);
-            if let Some(agent) = self.seen.get(&key) {
-                return Ok(Some(agent.spec.clone()));
-            }
-            match self.api.get_opt(name).await {
-                Ok(found) => Ok(found.map(|a| a.spec)),
-                Err(kube::Error::Api(s)) => Err(format!("{} {}", s.code, s.message)),
-                Err(other) => Err(other.to_string()),
-            }
-        })
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(self.namespace);
+        match self.seen.get(&key) {
+            Some(agent) => Box::pin(futures::future::ready(Ok(Some(agent.spec.clone())))),
+            None => self.api.agent(name),
+        }
     }
 }
 

@@ -831,7 +831,7 @@ async fn resolve(ctx: &Context, session: &Session, ns: &str) -> Result<Resolved,
     let name = session.name_any();
     let lookup = agents::WatchedAgents {
         seen: &ctx.agents,
-        api: Api::namespaced(ctx.client.clone(), ns),
+        api: crate::store::kube_admin::ClusterAgents(Api::namespaced(ctx.client.clone(), ns)),
         namespace: ns,
     };
     let place = format!("in namespace {ns}; the session waits until it is created");

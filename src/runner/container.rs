@@ -115,6 +115,7 @@ impl ContainerRunner {
                 )
             }
         };
+        let podman = engine.podman;
         // Removes the container however this function is left.
         let mut guard = Remover(Some((engine, name)));
         let mut ended = tool.exchange(exchange(envelope, timeout)).await;
@@ -122,12 +123,10 @@ impl ContainerRunner {
             // Timed out: the container goes before the outcome is told.
             guard.remove_now().await;
         }
-        if let (Ok(run), Some((engine, name))) = (&mut ended, &guard.0) {
-            if engine.podman {
-                if let Err(why) = output_from_log(envelope, engine, name, run, timeout).await {
-                    guard.remove_now().await;
-                    return failed(started, why);
-                }
+        if let (true, Ok(run), Some((engine, name))) = (podman, &mut ended, &guard.0) {
+            if let Err(why) = output_from_log(envelope, engine, name, run, timeout).await {
+                guard.remove_now().await;
+                return failed(started, why);
             }
         }
         let outcome = ProcessOutcome::of(
@@ -143,7 +142,6 @@ impl ContainerRunner {
         );
         // `--rm` removed it on a normal exit with docker; with podman (no
         // `--rm`, see [`run_command`]) and on failures the guard does.
-        let podman = guard.0.as_ref().is_some_and(|(e, _)| e.podman);
         if podman || outcome.exit_code.is_none() || outcome.exit_code == Some(125) {
             guard.remove_now().await;
         }
