@@ -2,6 +2,7 @@
 //! (policy globs, tools, model, the Secret it names) and the result is its
 //! `Ready` condition, so a broken agent is visible before a session runs it.
 
+use super::report::{self, ready};
 use super::{prepare, Context, NotReady, HTTP_TOOL_URL_NOT_ALLOWED, INVALID_RECHECK};
 use crate::api::agent::{AgentStatus, McpServerStatus, McpToolStatus};
 use crate::api::session::AgentRef;
@@ -96,7 +97,7 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         .filter_map(core_condition)
         .collect();
     let generation = agent.metadata.generation;
-    let settled = conditions::settle(&previous, vec![ready.clone()], generation, created);
+    let settled = report::agent_conditions(ready.clone(), &previous, generation, created);
     let (mcp_servers, mcp_tools) = mcp;
     if settled == previous
         && status.observed_generation == generation
@@ -165,19 +166,17 @@ async fn check(
             None => {
                 mcp = crate::agent::mcp::status(&resolved.mcp);
                 (
-                    Condition::new(
-                        "Ready",
+                    ready(
                         Status::True,
                         "Valid",
-                        "policy, tools and model are valid",
+                        "policy, tools and model are valid".into(),
                     ),
                     RECHECK,
                 )
             }
             // The URL is static: every call of the tool would be refused.
             Some((tool, _, why)) => (
-                Condition::new(
-                    "Ready",
+                ready(
                     Status::False,
                     HTTP_TOOL_URL_NOT_ALLOWED,
                     format!(
@@ -192,7 +191,7 @@ async fn check(
             message,
             recheck,
         }) => (
-            Condition::new("Ready", Status::False, reason, message),
+            ready(Status::False, reason, message),
             recheck.min(INVALID_RECHECK),
         ),
     };

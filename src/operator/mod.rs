@@ -3,16 +3,19 @@
 //! A kube-runtime `Controller` for `Session`s that owns their
 //! `Continuation`s (a result written to one reconciles its Session at
 //! once) and watches `Agent`s (a session waiting for its agent proceeds
-//! when it appears). One reconcile:
+//! when it appears). One reconcile is a pipeline:
 //!
-//! 1. resolve the agent (`spec.agentRef` in the same namespace, or the
-//!    inline `spec.agent`), its model client (the OpenAI key from the
-//!    Secret the Agent names) and tools; a missing or invalid one is the
-//!    operator's `Ready=False` condition with a reason, and a requeue;
-//! 2. one [`engine::step`] over the [`KubeStore`] with the roles
-//!    model + background (isolated calls wait for a worker until the Job
-//!    runner comes);
-//! 3. Events for what the step did; a requeue at the engine's wake time.
+//! 1. dereference (I/O): the agent (`spec.agentRef` in the same namespace,
+//!    or the inline `spec.agent`), its model client (the OpenAI key from the
+//!    Secret the Agent names) and tools;
+//! 2. validate (pure, in [`crate::agent`]): a missing or invalid agent is
+//!    the operator's `Ready=False` condition with a reason, and a recheck;
+//! 3. one [`engine::step`] over the [`KubeStore`] with the roles model,
+//!    background and (with the Job runner) isolated;
+//! 4. report (pure, [`report`]): the conditions with their transition
+//!    times, the Events, the metrics and the requeue;
+//! 5. apply status: the store writes the report's conditions with each
+//!    status write of the step, and once more only when they changed.
 //!
 //! `runAsync` attempts run as tasks in this process ([`background`]); the
 //! end of one reconciles its Session through `Controller::reconcile_on`.
@@ -22,18 +25,19 @@ pub mod background;
 pub mod event_sink;
 pub mod events;
 pub mod notify;
+mod report;
 mod task_cancel;
 
 use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
 use crate::api::agent::ModelProvider;
 use crate::api::{Agent, Continuation, Session};
-use crate::core::conditions::{Condition, Status};
+use crate::core::conditions::Status;
 use crate::core::SessionId;
 use crate::engine::holder::OperatorIdentity;
+use crate::engine::Progress;
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, StepOutcome, SystemClock,
 };
-use crate::engine::{Progress, Provenance};
 use crate::model::{ModelClient, OpenAiModel};
 use crate::store::kube::{KubeStore, MemoryCache};
 use crate::store::StoreError;
@@ -47,7 +51,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -55,9 +59,6 @@ use tracing::{debug, info, warn};
 /// The name the operator reports Events and writes as.
 pub const CONTROLLER_NAME: &str = "agents-exe-operator";
 
-/// A session waiting only on the outside is looked at again after this
-/// long even without a watch event (deadlines come from the engine).
-const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Recheck of a session whose agent or Secret is missing (the Agent watch
 /// wakes it sooner; Secrets are not watched: `get` is all we may do).
 const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
@@ -181,10 +182,8 @@ pub struct Context {
     pub options: Options,
     /// Failed reconciles in a row, per session, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// Waits already announced as Events, per session UID (token and what
-    /// it waits for): every step re-ensures open continuations, which is no
-    /// news. A session's entry goes when it finishes.
-    announced: Mutex<HashMap<String, HashSet<String>>>,
+    /// Waits already announced as Events (a session's go when it finishes).
+    announced: Mutex<report::Announced>,
     /// Connections to MCP servers and their listings, shared by the Agent
     /// and Session reconciles and the background runs.
     pub mcp: Arc<crate::tools::mcp::McpPool>,
@@ -224,7 +223,7 @@ impl Context {
             metrics,
             options: opts.clone(),
             failures: Mutex::new(HashMap::new()),
-            announced: Mutex::new(HashMap::new()),
+            announced: Mutex::default(),
             mcp: Arc::default(),
         }
     }
@@ -1063,10 +1062,6 @@ fn kube_reason(e: &kube::Error) -> String {
     }
 }
 
-fn ready(status: Status, reason: &str, message: String) -> Condition {
-    Condition::new("Ready", status, reason, message)
-}
-
 /// One reconcile, as a pipeline: dereference and validate the agent (a
 /// session that cannot run gets `Ready=False`), one engine step, then the
 /// report (conditions, Events, metrics) and the requeue.
@@ -1100,25 +1095,27 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
     };
-    let store = store.with_conditions(vec![ready(
-        Status::True,
-        "AgentResolved",
-        format!("agent {} resolved and valid", resolved.agent_name),
-    )]);
-    let (report, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
+    let store = store.with_report(Arc::new(report::SessionConditions {
+        ready: report::ready(
+            Status::True,
+            "AgentResolved",
+            format!("agent {} resolved and valid", resolved.agent_name),
+        ),
+    }));
+    let (step, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
     let id = SessionId(name.clone());
-    let settled = store.settle(&id, &report.state).await?;
-    task_cancel::keep_finalizer(&ctx, &session, &ns, &report.state).await?;
+    let settled = store.settle(&id, &step.state).await?;
+    task_cancel::keep_finalizer(&ctx, &session, &ns, &step.state).await?;
     ctx.background
-        .prune(&session.uid().unwrap_or_default(), &report.state);
+        .prune(&session.uid().unwrap_or_default(), &step.state);
     ctx.failures
         .lock()
         .expect("failures")
         .remove(&format!("{ns}/{name}"));
-    report_step(&ctx, &session, &report, progress).await;
+    report_step(&ctx, &session, &step, progress);
     // Waits for a person are announced once each (a marker in the
     // Continuation's status); a failed POST is retried after a backoff.
-    let retry_notify = match (&resolved.notify, &report.outcome) {
+    let retry_notify = match (&resolved.notify, &step.outcome) {
         (Some(target), StepOutcome::Waiting { .. } | StepOutcome::Busy { .. }) => {
             notify::after_step(&ctx, &session, &ns, target, store.owned_continuations()).await
         }
@@ -1126,26 +1123,18 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     };
     info!(
         session = %format!("{ns}/{name}"),
-        outcome = outcome_name(&report.outcome),
-        writes = report.writes,
+        outcome = report::outcome_name(&step.outcome),
+        writes = step.writes,
         api_writes = store.api_writes(),
-        wrote = report.writes > 0 || settled,
+        wrote = step.writes > 0 || settled,
         "step"
     );
-    let finished = matches!(
-        report.outcome,
-        StepOutcome::Succeeded { .. } | StepOutcome::Failed { .. }
-    );
-    Ok(match ttl {
-        // Looked at again once the status carries when it finished.
-        Some(secs) if finished => Action::requeue(Duration::from_secs(secs.max(1))),
-        _ => match retry_notify {
-            Some(retry) => Action::requeue(
-                requeue_after(&report.outcome, SystemClock.now()).map_or(retry, |d| d.min(retry)),
-            ),
-            None => requeue_for(&report.outcome, SystemClock.now()),
-        },
-    })
+    Ok(report::requeue(
+        &step.outcome,
+        ttl,
+        retry_notify,
+        SystemClock.now(),
+    ))
 }
 
 /// How long until a finished session is due for deletion under `ttl`
@@ -1214,11 +1203,9 @@ async fn report_not_ready(
         session.namespace().unwrap_or_default(),
         session.name_any()
     );
-    let store = store.with_conditions(vec![ready(
-        Status::False,
-        not_ready.reason,
-        not_ready.message.clone(),
-    )]);
+    let store = store.with_report(Arc::new(report::SessionConditions {
+        ready: report::ready(Status::False, not_ready.reason, not_ready.message.clone()),
+    }));
     // Read fresh: the conditions follow the stored state.
     let Some(loaded) = crate::ports::SessionPort::load(&store, &id).await? else {
         return Ok(Action::await_change());
@@ -1272,124 +1259,26 @@ async fn step_session(
 
 /// Metrics and Events for what a step did; a wait already announced is not
 /// announced again (every step re-ensures open continuations).
-async fn report_step(
+fn report_step(
     ctx: &Context,
     session: &Session,
-    report: &engine::StepReport,
-    mut progress: Vec<Progress>,
+    step: &engine::StepReport,
+    progress: Vec<Progress>,
 ) {
     let uid = session.uid().unwrap_or_default();
-    {
-        let mut announced = ctx.announced.lock().expect("announced");
-        if announced.len() > 100_000 {
-            announced.clear();
-        }
-        let ended = progress
-            .iter()
-            .any(|p| matches!(p, Progress::Finished { .. } | Progress::Failed { .. }));
-        if ended {
-            // A finished session waits on nothing: forget its waits.
-            announced.remove(&uid);
-        } else {
-            let waits = announced.entry(uid.clone()).or_default();
-            progress.retain(|p| match p {
-                Progress::Deferred {
-                    token, waiting_for, ..
-                } => waits.insert(format!("{token}/{waiting_for:?}")),
-                _ => true,
-            });
-        }
-    }
+    let progress = ctx
+        .announced
+        .lock()
+        .expect("announced")
+        .news(&uid, progress);
     ctx.metrics.reconciled(true);
     for p in &progress {
-        count(&ctx.metrics, p);
+        report::count(&ctx.metrics, p);
     }
-    let mut evs = events::for_progress(&progress, report.writes > 0);
-    evs.extend(events::for_outcome(&report.outcome, report.writes > 0));
     let reference = session.object_ref(&());
-    for e in evs {
+    for e in report::step_events(&progress, &step.outcome, step.writes > 0) {
         publish(ctx, &reference, e);
     }
-}
-
-/// One engine event in the operator's metrics.
-fn count(metrics: &crate::observe::Metrics, p: &Progress) {
-    use crate::observe::{TOOL_COMPLETED, TOOL_DEFERRED, TOOL_FAILED};
-    match p {
-        Progress::AgentTurn { .. } => metrics.model_call(true),
-        Progress::Woke { waited_ms, .. } => metrics.wake_latency(Duration::from_millis(*waited_ms)),
-        Progress::ModelError { .. } => metrics.model_call(false),
-        Progress::ToolResult { result, by, .. } => {
-            // How it ran; a result from outside counts as `external`,
-            // whatever name its writer gave.
-            let how = match by {
-                Provenance::RunSync => "runSync",
-                Provenance::Cache => "cache",
-                Provenance::Runner(label) => label,
-                Provenance::Outside(_) => "external",
-            };
-            let outcome = if result.is_error() {
-                TOOL_FAILED
-            } else {
-                TOOL_COMPLETED
-            };
-            metrics.tool_call(how, outcome);
-        }
-        Progress::Deferred { waiting_for, .. } => {
-            let how = match waiting_for {
-                crate::core::WaitingFor::Approval => "approval",
-                crate::core::WaitingFor::Background => "runAsync",
-                crate::core::WaitingFor::Isolated => "runIsolated",
-                crate::core::WaitingFor::External => "defer",
-                crate::core::WaitingFor::McpTask => "mcpTask",
-            };
-            metrics.tool_call(how, TOOL_DEFERRED);
-        }
-        _ => {}
-    }
-}
-
-/// When to look at the session again: at the engine's time (deadlines,
-/// backoff), at most [`IDLE_RECHECK`] from now; never for a final or idle one
-/// (an edit or the resync brings it back).
-fn requeue_for(outcome: &StepOutcome, now: crate::core::Millis) -> Action {
-    match requeue_after(outcome, now) {
-        Some(d) => Action::requeue(d),
-        None => Action::await_change(),
-    }
-}
-
-/// [`requeue_for`]'s wait; `None`: none (await a change).
-fn requeue_after(outcome: &StepOutcome, now: crate::core::Millis) -> Option<Duration> {
-    match outcome {
-        StepOutcome::Busy { at } => Some(until(now, *at).min(IDLE_RECHECK)),
-        StepOutcome::Waiting { wake_at, .. } => Some(
-            wake_at
-                .map(|at| until(now, at))
-                .unwrap_or(IDLE_RECHECK)
-                .min(IDLE_RECHECK),
-        ),
-        StepOutcome::Succeeded { .. }
-        | StepOutcome::Failed { .. }
-        | StepOutcome::Paused
-        | StepOutcome::Idle => None,
-    }
-}
-
-fn outcome_name(o: &StepOutcome) -> &'static str {
-    match o {
-        StepOutcome::Succeeded { .. } => "succeeded",
-        StepOutcome::Failed { .. } => "failed",
-        StepOutcome::Paused => "paused",
-        StepOutcome::Idle => "idle",
-        StepOutcome::Busy { .. } => "busy",
-        StepOutcome::Waiting { .. } => "waiting",
-    }
-}
-
-/// From `now` until `at`, at least a tenth of a second (no busy loop).
-fn until(now: crate::core::Millis, at: crate::core::Millis) -> Duration {
-    Duration::from_millis((at.0 - now.0).max(100) as u64)
 }
 
 /// Hands an Event to the writer; never waits (Events are for people, and

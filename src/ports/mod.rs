@@ -17,11 +17,13 @@ use crate::core::{
 };
 pub mod admin;
 pub mod records;
+pub mod status;
 pub mod trace;
 
 pub use admin::{AdminPort, AgentLookup, AgentSource, InputChange};
 use futures::future::BoxFuture;
 pub use records::*;
+pub use status::{StateConditions, StatusReport};
 use std::time::Duration;
 pub use trace::{ModelIdentity, NoTraces, StepTrace, TraceContext, TracePort};
 

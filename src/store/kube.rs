@@ -31,7 +31,10 @@ use crate::core::acceptance::{self, Verdict};
 use crate::core::conditions::{self, Status as CondStatus};
 use crate::core::session::ContinuationSpec;
 use crate::core::{CacheKey, ContinuationToken, Millis, SessionId, SessionState, ToolResult};
-use crate::ports::{CachePort, ContinuationPort, SessionPort, SessionRef, SystemClock};
+use crate::ports::{
+    CachePort, ContinuationPort, SessionPort, SessionRef, StateConditions, StatusReport,
+    SystemClock,
+};
 use crate::store::spill::{self, Blob};
 use crate::store::{
     ContinuationRecord, Decision, SessionInput, SessionRecord, SessionSummary, StoreError,
@@ -92,8 +95,8 @@ pub struct KubeStore {
     sessions: Api<Session>,
     continuations: Api<Continuation>,
     agents: Api<Agent>,
-    /// Conditions the driver adds to the state's own (the operator's `Ready`).
-    extra: Vec<conditions::Condition>,
+    /// The conditions each status write carries, as the driver reports them.
+    report: Arc<dyn StatusReport>,
     seen: Arc<Mutex<HashMap<String, Seen>>>,
     /// Continuations listed in this step: the engine re-ensures every open
     /// deferred call each step, and a listed one needs no API call.
@@ -126,7 +129,7 @@ impl KubeStore {
             configmaps: Api::namespaced(client.clone(), namespace),
             client,
             blobs: Default::default(),
-            extra: Vec::new(),
+            report: Arc::new(StateConditions),
             seen: Default::default(),
             listed: Default::default(),
             listed_all: Default::default(),
@@ -149,9 +152,10 @@ impl KubeStore {
         Ok(KubeStore::new(client, &ns))
     }
 
-    /// Conditions added to every status write (besides the state's own).
-    pub fn with_conditions(mut self, extra: Vec<conditions::Condition>) -> Self {
-        self.extra = extra;
+    /// Who decides the conditions every status write carries (by default
+    /// the state's own, [`StateConditions`]).
+    pub fn with_report(mut self, report: Arc<dyn StatusReport>) -> Self {
+        self.report = report;
         self
     }
 
@@ -417,15 +421,12 @@ impl KubeStore {
         }
     }
 
-    /// The state's conditions plus the driver's, stamped: transition times
-    /// kept while a condition's status holds; conditions of other types
-    /// (another driver's) are kept as they are.
+    /// The conditions the driver's report gives `state`, in the API's shape.
     fn conditions_for(&self, state: &SessionState, seen: &Seen) -> Vec<MetaCondition> {
         let previous: Vec<conditions::Condition> =
             seen.conditions.iter().filter_map(core_condition).collect();
-        let mut next = conditions::of(state);
-        next.extend(self.extra.iter().cloned());
-        conditions::settle(&previous, next, seen.generation, wall_now())
+        self.report
+            .conditions(state, &previous, seen.generation, wall_now())
             .iter()
             .map(meta_condition)
             .collect()
