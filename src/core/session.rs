@@ -593,78 +593,15 @@ impl Session {
     /// What the session waits for once the action queue is empty: the
     /// driver's outcome, decided here and nowhere else.
     pub fn outlook(&self, now: Millis) -> Outlook {
-        match self.state.phase {
-            Phase::Succeeded => {
-                return Outlook::Succeeded {
-                    answer: self.state.answer.clone().unwrap_or_default(),
-                }
-            }
-            Phase::Failed => {
-                return Outlook::Failed {
-                    reason: self.state.failure.clone().unwrap_or_default(),
-                }
-            }
-            _ => {}
+        if let Some(settled) = self.settled_outlook() {
+            return settled;
         }
-        if self.state.paused {
-            return Outlook::Paused;
-        }
-        if self.state.phase == Phase::Idle {
-            return Outlook::Idle;
-        }
-        // Work this driver will do itself later: a retry or backoff, or work
-        // another driver holds that falls to us when its claim expires.
-        let mut own: Vec<Millis> = Vec::new();
-        if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
-            let model = &self.state.model_attempt;
-            own.extend(model.retry_at());
-            own.extend(
-                model
-                    .claim()
-                    .filter(|c| self.blocked(c, now))
-                    .map(|c| c.until),
-            );
-        }
-        let mut deadlines: Vec<Millis> = Vec::new();
-        deadlines.extend(self.config.limits.deadline);
-        let mut in_flight_here = false;
-        for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
-            deadlines.extend(c.deadline());
-            if let Some(task) = c.task().filter(|_| self.config.driver.runs(c)) {
-                // Our poll: due work while the task works; while it asks
-                // for input, a look now and then beside the person's answer.
-                if c.waiting_for() == Some(WaitingFor::McpTask) {
-                    match c.task_asks() {
-                        None => own.push(next_poll(task, now)),
-                        Some(_) => deadlines.push(next_poll(task, now)),
-                    }
-                }
-                continue;
-            }
-            if self.config.driver.runs(c) {
-                own.extend(c.retry_at());
-                match c.claim() {
-                    Some(claim) if self.blocked(claim, now) => own.push(claim.until),
-                    // Ours and under way elsewhere in this process (a
-                    // background task, a Job): its end wakes us; the claim's
-                    // expiry is the fallback.
-                    Some(claim) => {
-                        in_flight_here = true;
-                        deadlines.push(claim.until);
-                    }
-                    None => {}
-                }
-            }
-        }
-        let pending: Vec<ContinuationToken> = self
-            .state
-            .pending()
-            .into_iter()
-            .filter(|c| {
-                !self.config.driver.runs(c) || c.claim().is_some() || c.task_asks().is_some()
-            })
-            .filter_map(|c| c.token().cloned())
-            .collect();
+        let Timers {
+            own,
+            mut deadlines,
+            in_flight_here,
+        } = self.timers(now);
+        let pending = self.waited_on();
         if let Some(at) = own.iter().min().copied() {
             if !in_flight_here {
                 // A deadline before our own work is looked at on time.
@@ -679,16 +616,87 @@ impl Session {
         }
     }
 
+    /// The outlook that needs no timers: finished, paused or idle.
+    fn settled_outlook(&self) -> Option<Outlook> {
+        match self.state.phase {
+            Phase::Succeeded => Some(Outlook::Succeeded {
+                answer: self.state.answer.clone().unwrap_or_default(),
+            }),
+            Phase::Failed => Some(Outlook::Failed {
+                reason: self.state.failure.clone().unwrap_or_default(),
+            }),
+            _ if self.state.paused => Some(Outlook::Paused),
+            Phase::Idle => Some(Outlook::Idle),
+            _ => None,
+        }
+    }
+
+    /// This driver's own due work and the times to look again, over the
+    /// model and every open call.
+    fn timers(&self, now: Millis) -> Timers {
+        let mut timers = Timers::default();
+        if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
+            let model = &self.state.model_attempt;
+            timers.own.extend(model.retry_at());
+            timers.own.extend(
+                model
+                    .claim()
+                    .filter(|c| self.blocked(c, now))
+                    .map(|c| c.until),
+            );
+        }
+        timers.deadlines.extend(self.config.limits.deadline);
+        for c in self.state.open.iter().flat_map(|o| o.calls.iter()) {
+            self.add_call_timers(c, now, &mut timers);
+        }
+        timers
+    }
+
+    /// Adds one open call's deadline, and, where this driver runs it, its
+    /// poll, retry or claim.
+    fn add_call_timers(&self, c: &TrackedToolCall, now: Millis, timers: &mut Timers) {
+        timers.deadlines.extend(c.deadline());
+        if let Some(task) = c.task().filter(|_| self.config.driver.runs(c)) {
+            // Our poll: due work while the task works; while it asks
+            // for input, a look now and then beside the person's answer.
+            if c.waiting_for() == Some(WaitingFor::McpTask) {
+                match c.task_asks() {
+                    None => timers.own.push(next_poll(task, now)),
+                    Some(_) => timers.deadlines.push(next_poll(task, now)),
+                }
+            }
+            return;
+        }
+        if self.config.driver.runs(c) {
+            timers.own.extend(c.retry_at());
+            match c.claim() {
+                Some(claim) if self.blocked(claim, now) => timers.own.push(claim.until),
+                // Ours and under way elsewhere in this process (a
+                // background task, a Job): its end wakes us; the claim's
+                // expiry is the fallback.
+                Some(claim) => {
+                    timers.in_flight_here = true;
+                    timers.deadlines.push(claim.until);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// The tokens the session waits on from outside or from work under way.
+    fn waited_on(&self) -> Vec<ContinuationToken> {
+        self.state
+            .pending()
+            .into_iter()
+            .filter(|c| {
+                !self.config.driver.runs(c) || c.claim().is_some() || c.task_asks().is_some()
+            })
+            .filter_map(|c| c.token().cloned())
+            .collect()
+    }
+
     pub fn handle(&mut self, event: Event, now: Millis) -> Result<Handled, CoreError> {
-        let outside = matches!(
-            event,
-            Event::AttemptFinished { .. }
-                | Event::Wake { .. }
-                | Event::Decide { .. }
-                | Event::TaskAsks { .. }
-                | Event::TaskEnded { .. }
-        );
-        if outside && self.state.phase.is_final() {
+        if comes_from_outside(&event) && self.state.phase.is_final() {
             // A finished session takes no results or decisions: they stay
             // in their continuations, and a retry takes them then.
             return Ok(Handled::Wake(WakeOutcome::Unknown));
@@ -753,10 +761,7 @@ impl Session {
                 Ok(Handled::Done)
             }
             Event::Resume => {
-                if self.state.paused {
-                    self.state.paused = false;
-                    self.replan(now);
-                }
+                self.on_resume(now);
                 Ok(Handled::Done)
             }
             Event::Retry => self.on_retry(now).map(|_| Handled::Done),
@@ -1257,6 +1262,13 @@ impl Session {
         }
     }
 
+    fn on_resume(&mut self, now: Millis) {
+        if self.state.paused {
+            self.state.paused = false;
+            self.replan(now);
+        }
+    }
+
     fn on_tick(&mut self, now: Millis) {
         if self.state.phase.is_final() {
             return;
@@ -1705,6 +1717,31 @@ pub enum Outlook {
         pending: Vec<ContinuationToken>,
         wake_at: Option<Millis>,
     },
+}
+
+/// What [`Session::outlook`] gathers from the model and the open calls.
+#[derive(Default)]
+struct Timers {
+    /// Work this driver will do itself later: a retry or backoff, or work
+    /// another driver holds that falls to us when its claim expires.
+    own: Vec<Millis>,
+    /// Times to look again while only others move the session.
+    deadlines: Vec<Millis>,
+    /// Some work of ours is under way in this process; its end wakes us.
+    in_flight_here: bool,
+}
+
+/// Results and decisions from outside the core, which a finished session
+/// no longer takes.
+fn comes_from_outside(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::AttemptFinished { .. }
+            | Event::Wake { .. }
+            | Event::Decide { .. }
+            | Event::TaskAsks { .. }
+            | Event::TaskEnded { .. }
+    )
 }
 
 /// The continuation a deferred call needs.

@@ -736,48 +736,9 @@ async fn perform(
         Action::CallModel { turn } => call_model(p, ctx, session, turn, replay).await,
         tool @ Action::RunTool { .. } => run_tool(p, sid, session, tool, replay).await?,
         Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
-        Action::RunInBackground {
-            envelope,
-            attempt,
-            cache_key,
-        } => {
-            // A call with no continuation is answered from the cache here,
-            // as `ensure_continuation` answers one that has.
-            let hit = match &cache_key {
-                Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await?,
-                None => None,
-            };
-            match hit {
-                Some(hit) => serve_cached(p, sid, session, &envelope, hit),
-                None => {
-                    let run = Run::start(&envelope, attempt, RunKind::Background);
-                    run_attempt(p, sid, session, run, replay).await
-                }
-            }
-        }
-        Action::LaunchIsolated {
-            envelope,
-            spec,
-            attempt,
-        } => {
-            let run = Run::start(&envelope, attempt, RunKind::Isolated(&spec));
-            run_attempt(p, sid, session, run, replay).await
-        }
-        Action::Collect {
-            envelope,
-            isolated,
-            attempt,
-        } => {
-            let kind = match &isolated {
-                Some(spec) => RunKind::Isolated(spec),
-                None => RunKind::Background,
-            };
-            let run = Run {
-                collect_only: true,
-                ..Run::start(&envelope, attempt, kind)
-            };
-            run_attempt(p, sid, session, run, replay).await
-        }
+        run @ (Action::RunInBackground { .. }
+        | Action::LaunchIsolated { .. }
+        | Action::Collect { .. }) => run_or_collect(p, sid, session, run, replay).await?,
         Action::PollTask {
             envelope,
             task,
@@ -788,15 +749,7 @@ async fn perform(
             p.tools.cancel_task(&envelope.tool_call, &task).await;
         }
         Action::RecordResult { token, result, by } => {
-            // Known at the step's start: the turn may have closed since.
-            let isolated = ctx
-                .known_waits
-                .iter()
-                .any(|(t, w)| t == &token && *w == Some(WaitingFor::Isolated));
-            record_result(p, sid, &token, &result, &by).await?;
-            if isolated {
-                p.runner.release(&token).await;
-            }
+            record_and_release(p, ctx, &token, &result, &by).await?
         }
         Action::StoreCache { key, result } => {
             patiently(p.clock, "caching a result", || {
@@ -809,6 +762,78 @@ async fn perform(
         }
         // Reported from the outlook once the queue is drained.
         Action::Finished { .. } | Action::Failed { .. } => {}
+    }
+    Ok(())
+}
+
+/// Starts or collects a background or isolated attempt; a background call
+/// with a cached result is answered from the cache instead.
+async fn run_or_collect(
+    p: &Ports<'_>,
+    sid: &str,
+    session: &mut Session,
+    action: Action,
+    replay: &mut Vec<Event>,
+) -> Result<(), StoreError> {
+    let run = match &action {
+        Action::RunInBackground {
+            envelope,
+            attempt,
+            cache_key,
+        } => {
+            // A call with no continuation is answered from the cache here,
+            // as `ensure_continuation` answers one that has.
+            let hit = match cache_key {
+                Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await?,
+                None => None,
+            };
+            if let Some(hit) = hit {
+                serve_cached(p, sid, session, envelope, hit);
+                return Ok(());
+            }
+            Run::start(envelope, *attempt, RunKind::Background)
+        }
+        Action::LaunchIsolated {
+            envelope,
+            spec,
+            attempt,
+        } => Run::start(envelope, *attempt, RunKind::Isolated(spec)),
+        Action::Collect {
+            envelope,
+            isolated,
+            attempt,
+        } => {
+            let kind = match isolated {
+                Some(spec) => RunKind::Isolated(spec),
+                None => RunKind::Background,
+            };
+            Run {
+                collect_only: true,
+                ..Run::start(envelope, *attempt, kind)
+            }
+        }
+        _ => unreachable!("run_or_collect takes background, isolated and collect actions"),
+    };
+    run_attempt(p, sid, session, run, replay).await;
+    Ok(())
+}
+
+/// Records a result, then frees an isolated call's runner resources.
+async fn record_and_release(
+    p: &Ports<'_>,
+    ctx: &StepContext<'_>,
+    token: &ContinuationToken,
+    result: &ToolResult,
+    by: &str,
+) -> Result<(), StoreError> {
+    // Known at the step's start: the turn may have closed since.
+    let isolated = ctx
+        .known_waits
+        .iter()
+        .any(|(t, w)| t == token && *w == Some(WaitingFor::Isolated));
+    record_result(p, ctx.sid, token, result, by).await?;
+    if isolated {
+        p.runner.release(token).await;
     }
     Ok(())
 }

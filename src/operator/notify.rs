@@ -304,19 +304,7 @@ async fn notify_one(
     };
     let result = post(ctx, ns, target, &token, &body).await;
     let now = crate::engine::Clock::now(&crate::engine::SystemClock);
-    let (state, error) = match &result {
-        Ok(()) => (NotifyState::Sent, None),
-        Err(e) if attempts >= MAX_ATTEMPTS => (NotifyState::Failed, Some(e.clone())),
-        Err(e) => (NotifyState::Retrying, Some(e.clone())),
-    };
-    let marker = NotifiedStatus {
-        waiting_for: wait,
-        state,
-        attempts,
-        last_attempt_at: convert::time(now),
-        at: result.is_ok().then(|| convert::time(now)),
-        error: error.map(|e| cut(&e, 1000).0.to_string()),
-    };
+    let marker = attempt_marker(wait, attempts, &result, now);
     let key = format!("{ns}/{token}");
     let call = format!(
         "call {} {} (token {token})",
@@ -326,7 +314,7 @@ async fn notify_one(
         return Some(Duration::from_secs(1));
     }
     let host = host_of(&target.webhook.url);
-    match state {
+    match marker.state {
         NotifyState::Sent => {
             info!(continuation = %key, host = %host, "wait notified");
             let e = event(
@@ -360,6 +348,29 @@ async fn notify_one(
             debug!(continuation = %key, host = %host, attempts, "notification failed; will retry");
             Some(backoff(attempts))
         }
+    }
+}
+
+/// The marker attempt `attempts` leaves: sent, failed for good (the last
+/// attempt), or to be retried.
+fn attempt_marker(
+    wait: WaitingForName,
+    attempts: u32,
+    result: &Result<(), String>,
+    now: Millis,
+) -> NotifiedStatus {
+    let (state, error) = match result {
+        Ok(()) => (NotifyState::Sent, None),
+        Err(e) if attempts >= MAX_ATTEMPTS => (NotifyState::Failed, Some(e.clone())),
+        Err(e) => (NotifyState::Retrying, Some(e.clone())),
+    };
+    NotifiedStatus {
+        waiting_for: wait,
+        state,
+        attempts,
+        last_attempt_at: convert::time(now),
+        at: result.is_ok().then(|| convert::time(now)),
+        error: error.map(|e| cut(&e, 1000).0.to_string()),
     }
 }
 

@@ -1438,13 +1438,22 @@ mod tests {
             "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}]})
     }
 
+    /// How long a pod may wait for a reason that is not fatal.
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn condition(ty: &str, reason: &str) -> serde_json::Value {
+        json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}])
+    }
+
+    fn failed_job() -> Job {
+        job_with(condition("Failed", "BackoffLimitExceeded"))
+    }
+
     #[test]
-    fn every_ending_is_judged() {
-        let t = token();
-        let g = Duration::from_secs(30);
-        let cond = |ty: &str, reason: &str| json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}]);
+    fn a_reported_result_is_taken_with_or_before_the_jobs_completion() {
+        let (t, g) = (token(), GRACE);
         let (msg, _) = report(&t, &ToolResult::text("ok"));
-        let done = job_with(cond("Complete", ""));
+        let done = job_with(condition("Complete", ""));
         let ok_pod = pod_with(terminated("Completed", 0, &msg));
         assert_eq!(
             judge(&done, std::slice::from_ref(&ok_pod), &t, t0(), g),
@@ -1456,23 +1465,45 @@ mod tests {
             judge(&running, &[ok_pod], &t, t0(), g),
             Verdict::Done(ToolResult::text("ok"))
         );
+    }
+
+    #[test]
+    fn a_failed_wrapper_without_a_result_waits_for_the_jobs_verdict() {
+        let (t, g) = (token(), GRACE);
+        let running = job_with(json!([]));
         let wrapper_failed = pod_with(terminated("Error", 64, "cannot read"));
         assert_eq!(
             judge(&running, &[wrapper_failed], &t, t0(), g),
             Verdict::Running,
             "without a result, wait for the Job's verdict"
         );
+    }
+
+    #[test]
+    fn a_complete_job_whose_pod_is_gone_is_an_error() {
+        let (t, g) = (token(), GRACE);
+        let done = job_with(condition("Complete", ""));
         let v = judge(&done, &[], &t, t0(), g);
         assert!(
             matches!(v, Verdict::Done(ToolResult::Error { message }) if message.contains("pod is gone"))
         );
-        let deadline = job_with(cond("Failed", "DeadlineExceeded"));
+    }
+
+    #[test]
+    fn a_job_past_its_deadline_names_the_timeout() {
+        let (t, g) = (token(), GRACE);
+        let deadline = job_with(condition("Failed", "DeadlineExceeded"));
         let v = judge(&deadline, &[], &t, t0(), g);
         assert!(
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("timeout of 7 s") && message.contains("deadline")),
             "{v:?}"
         );
-        let failed = job_with(cond("Failed", "BackoffLimitExceeded"));
+    }
+
+    #[test]
+    fn a_failed_job_names_out_of_memory_the_wrappers_exit_or_a_deleted_pod() {
+        let (t, g) = (token(), GRACE);
+        let failed = failed_job();
         let oom = pod_with(terminated("OOMKilled", 137, ""));
         let v = judge(&failed, &[oom], &t, t0(), g);
         assert!(
@@ -1494,6 +1525,12 @@ mod tests {
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("deleted")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn an_evicted_pod_is_an_error_even_after_it_reported() {
+        let (t, g) = (token(), GRACE);
+        let failed = failed_job();
         let evicted =
             pod_with(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
         let v = judge(&failed, &[evicted], &t, t0(), g);
@@ -1511,7 +1548,11 @@ mod tests {
             matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: disk pressure")),
             "{v:?}"
         );
-        // Waiting pods: fatal reasons at once, others after the grace.
+    }
+
+    #[test]
+    fn a_waiting_pod_is_stuck_at_once_for_a_fatal_reason_and_after_the_grace_otherwise() {
+        let (t, g) = (token(), GRACE);
         let running = job_with(json!([]));
         let waiting = |reason: &str| {
             pod_with(

@@ -1037,11 +1037,12 @@ mod tests {
         (s, specs)
     }
 
-    #[tokio::test]
-    async fn a_result_waits_for_an_approval_and_a_denied_call_takes_none() {
-        let path = temp_db("approval");
+    /// A store holding [`approval_session`] and its three continuations,
+    /// each waiting for an approval.
+    async fn approval_store(name: &str) -> (PathBuf, SqliteStore, Session, Vec<ContinuationSpec>) {
+        let path = temp_db(name);
         let store = SqliteStore::open(&path).unwrap();
-        let (mut session, specs) = approval_session();
+        let (session, specs) = approval_session();
         store
             .create_session(record(session.state().clone()))
             .await
@@ -1050,33 +1051,46 @@ mod tests {
             assert_eq!(spec.waiting_for, crate::core::WaitingFor::Approval);
             store.ensure_continuation(spec, Millis(3)).await.unwrap();
         }
-        let (denied, approved, timed_out) = (&specs[0].token, &specs[1].token, &specs[2].token);
-        let answer = ToolResult::text("blue");
+        (path, store, session, specs)
+    }
 
-        // No decision yet: nothing to complete.
+    /// The denial the tests below write for a call.
+    fn denial() -> Decision {
+        Decision {
+            approved: false,
+            by: "carol".into(),
+            reason: Some("not now".into()),
+            at: Millis(5),
+            arguments: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_result_before_the_decision_is_refused_naming_the_approve_command() {
+        let (path, store, _, specs) = approval_store("approval-undecided").await;
+        let undecided = &specs[0].token;
         let err = store
-            .complete_continuation(denied, &answer, "bob", Millis(4))
+            .complete_continuation(undecided, &ToolResult::text("blue"), "bob", Millis(4))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::NotAccepting { .. }), "{err:?}");
         let msg = err.to_string();
         assert!(
             msg.contains("waits for an approval")
-                && msg.contains(&format!("agents session approve {denied}")),
+                && msg.contains(&format!("agents session approve {undecided}")),
             "{msg}"
         );
+        let _ = std::fs::remove_file(&path);
+    }
 
-        // Denied: a person's result is refused, the model was told "denied".
-        let deny = Decision {
-            approved: false,
-            by: "carol".into(),
-            reason: Some("not now".into()),
-            at: Millis(5),
-            arguments: None,
-        };
+    #[tokio::test]
+    async fn a_denied_call_refuses_a_persons_result_but_takes_the_cores_denial() {
+        let (path, store, mut session, specs) = approval_store("approval-denied").await;
+        let denied = &specs[0].token;
+        let deny = denial();
         store.decide_continuation(denied, &deny).await.unwrap();
         let err = store
-            .complete_continuation(denied, &answer, "bob", Millis(6))
+            .complete_continuation(denied, &ToolResult::text("blue"), "bob", Millis(6))
             .await
             .unwrap_err();
         assert!(
@@ -1084,8 +1098,8 @@ mod tests {
                 && err.to_string().contains("takes no result"),
             "{err}"
         );
-        // ...but the engine's own record of the denial is taken: feed the
-        // decision to the core and write the result it asks to record.
+        // The engine's own record of the denial is taken: feed the decision
+        // to the core and write the result it asks to record.
         session
             .handle(
                 Event::Decide {
@@ -1118,22 +1132,32 @@ mod tests {
                 .unwrap(),
             WriteOnce::Recorded
         );
+        let _ = std::fs::remove_file(&path);
+    }
 
-        // Approved: the result is taken.
+    #[tokio::test]
+    async fn an_approved_call_takes_a_persons_result() {
+        let (path, store, _, specs) = approval_store("approval-approved").await;
+        let approved = &specs[1].token;
         let approve = Decision {
             approved: true,
-            ..deny.clone()
+            ..denial()
         };
         store.decide_continuation(approved, &approve).await.unwrap();
         assert_eq!(
             store
-                .complete_continuation(approved, &answer, "bob", Millis(9))
+                .complete_continuation(approved, &ToolResult::text("blue"), "bob", Millis(9))
                 .await
                 .unwrap(),
             WriteOnce::Recorded
         );
+        let _ = std::fs::remove_file(&path);
+    }
 
-        // The engine's timeout of an undecided approval is its own record.
+    #[tokio::test]
+    async fn the_engines_timeout_of_an_undecided_approval_is_recorded() {
+        let (path, store, _, specs) = approval_store("approval-timeout").await;
+        let timed_out = &specs[2].token;
         let timeout = ToolResult::error("timed out after 5s waiting for an approval");
         assert_eq!(
             store

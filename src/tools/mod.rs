@@ -733,36 +733,54 @@ mod tests {
         );
     }
 
+    /// POSTs `url` with the default toolbox: no headers, no arguments.
+    async fn post_plainly(url: &str) -> ToolResult {
+        Toolbox::default()
+            .http_call(url, &[], &Map::new(), "k", &|_| None)
+            .await
+    }
+
+    /// The error `url` answers with; any other result fails the test.
+    async fn error_from(url: String) -> String {
+        match post_plainly(&url).await {
+            ToolResult::Error { message } => message,
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    /// A 200 reply holding `body` as JSON.
+    fn json_reply(body: String) -> String {
+        let mut raw = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        raw.push_str(&body);
+        raw
+    }
+
     #[tokio::test]
-    async fn http_replies_are_bounded_and_redirects_stay_at_home() {
+    async fn an_http_reply_past_the_cap_is_refused() {
         use crate::http::tests::server;
-        use std::sync::atomic::Ordering;
-        let args = &Map::new();
-        let call = |url: String| async move {
-            match Toolbox::default()
-                .http_call(&url, &[], args, "k", &|_| None)
-                .await
-            {
-                ToolResult::Error { message } => message,
-                other => panic!("{url}: {other:?}"),
-            }
-        };
         // 64 MiB streamed with no length: cut at the cap.
         let close =
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
         let (port, _) = server(close.into(), 64 << 20).await;
-        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        let e = error_from(format!("http://127.0.0.1:{port}/")).await;
         assert!(
             e.contains("sent a reply of more than 8388608 bytes (8 MiB), the most an http tool's reply may hold"),
             "{e}"
         );
-        // An error page: a short excerpt of its first bytes.
+    }
+
+    #[tokio::test]
+    async fn an_http_error_page_is_quoted_in_a_short_excerpt() {
+        use crate::http::tests::server;
         let (port, _) = server(
             "HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\n\r\n".into(),
             64 << 20,
         )
         .await;
-        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        let e = error_from(format!("http://127.0.0.1:{port}/")).await;
         assert!(
             e.starts_with(&format!(
                 "POST http://127.0.0.1:{port}/ answered 502 Bad Gateway: xxx"
@@ -770,7 +788,12 @@ mod tests {
             "{e}"
         );
         assert!(e.ends_with("… (cut)") && e.len() < 700, "{e}");
-        // A redirect to another host is not followed.
+    }
+
+    #[tokio::test]
+    async fn an_http_redirect_to_another_host_is_not_followed() {
+        use crate::http::tests::server;
+        use std::sync::atomic::Ordering;
         let (other, hits) = server(
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n".into(),
             2,
@@ -781,28 +804,16 @@ mod tests {
             0,
         )
         .await;
-        let e = call(format!("http://127.0.0.1:{port}/")).await;
+        let e = error_from(format!("http://127.0.0.1:{port}/")).await;
         assert!(e.contains("answered 302 Found, a redirect to"), "{e}");
         assert_eq!(hits.load(Ordering::SeqCst), 0);
-        // Under the cap, JSON is JSON; large JSON stays the text it is.
-        let json = |body: String| {
-            let mut raw = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            raw.push_str(&body);
-            raw
-        };
-        let (port, _) = server(json("[1, 2]".into()), 0).await;
-        let small = Toolbox::default()
-            .http_call(
-                &format!("http://127.0.0.1:{port}/"),
-                &[],
-                args,
-                "k",
-                &|_| None,
-            )
-            .await;
+    }
+
+    #[tokio::test]
+    async fn http_json_under_the_cap_is_json_and_large_json_stays_text() {
+        use crate::http::tests::server;
+        let (port, _) = server(json_reply("[1, 2]".into()), 0).await;
+        let small = post_plainly(&format!("http://127.0.0.1:{port}/")).await;
         assert_eq!(
             small,
             ToolResult::ok(ToolResponse::Json {
@@ -810,16 +821,8 @@ mod tests {
             })
         );
         let many = format!("[{}0]", "0,".repeat(JSON_PARSE_BYTES / 2));
-        let (port, _) = server(json(many.clone()), 0).await;
-        let large = Toolbox::default()
-            .http_call(
-                &format!("http://127.0.0.1:{port}/"),
-                &[],
-                args,
-                "k",
-                &|_| None,
-            )
-            .await;
+        let (port, _) = server(json_reply(many.clone()), 0).await;
+        let large = post_plainly(&format!("http://127.0.0.1:{port}/")).await;
         assert_eq!(large, ToolResult::text(many));
     }
 
@@ -845,53 +848,76 @@ mod tests {
         (port, paths)
     }
 
-    #[tokio::test]
-    async fn only_allowed_urls_are_called_asked_or_redirected_to() {
-        let (port, paths) = path_server(|path| match path {
-            "/ok/bounce" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
-            "/ok/hop" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /ok/there\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
-            _ => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into(),
-        })
-        .await;
-        let (other, other_paths) = path_server(|_| {
-            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into()
-        })
-        .await;
-        let allowed = AllowedUrls::parse(&[format!("http://127.0.0.1:{port}/ok/*")]).unwrap();
-        let tools = Toolbox::new(vec![
-            ToolDef {
-                name: "good".into(),
+    type AskedPaths = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+    /// Two servers, only `/ok/*` of the first on the allow-list, and a
+    /// toolbox with a tool on each: `good` on the first, `bad` on `other`.
+    struct AllowListed {
+        tools: Toolbox,
+        port: u16,
+        paths: AskedPaths,
+        other: u16,
+        other_paths: AskedPaths,
+    }
+
+    impl AllowListed {
+        async fn start() -> Self {
+            let (port, paths) = path_server(|path| match path {
+                "/ok/bounce" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+                "/ok/hop" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /ok/there\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+                _ => "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into(),
+            })
+            .await;
+            let (other, other_paths) = path_server(|_| {
+                "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into()
+            })
+            .await;
+            let allowed = AllowedUrls::parse(&[format!("http://127.0.0.1:{port}/ok/*")]).unwrap();
+            let http_tool = |name: &str, port: u16| ToolDef {
+                name: name.into(),
                 description: String::new(),
                 parameters: None,
                 kind: ToolKind::Http {
                     url: format!("http://127.0.0.1:{port}/ok/x"),
                     headers: vec![],
                 },
-            },
-            ToolDef {
-                name: "bad".into(),
-                description: String::new(),
-                parameters: None,
-                kind: ToolKind::Http {
-                    url: format!("http://127.0.0.1:{other}/ok/x"),
-                    headers: vec![],
-                },
-            },
-        ])
-        .unwrap()
-        .with_allowed_urls(Some(std::sync::Arc::new(allowed)));
-        let args = &Map::new();
-        let post = |url: String| {
-            let tools = tools.clone();
-            async move { tools.http_call(&url, &[], args, "k", &|_| None).await }
-        };
+            };
+            let tools = Toolbox::new(vec![http_tool("good", port), http_tool("bad", other)])
+                .unwrap()
+                .with_allowed_urls(Some(std::sync::Arc::new(allowed)));
+            AllowListed {
+                tools,
+                port,
+                paths,
+                other,
+                other_paths,
+            }
+        }
+
+        async fn post(&self, url: String) -> ToolResult {
+            self.tools
+                .http_call(&url, &[], &Map::new(), "k", &|_| None)
+                .await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_allowed_url_is_called() {
+        let servers = AllowListed::start().await;
+        let port = servers.port;
         assert_eq!(
-            post(format!("http://127.0.0.1:{port}/ok/x")).await,
+            servers.post(format!("http://127.0.0.1:{port}/ok/x")).await,
             ToolResult::text("ok")
         );
-        // Another port, the same path: refused before anything is sent.
+    }
+
+    #[tokio::test]
+    async fn a_url_off_the_allow_list_is_refused_before_anything_is_sent() {
+        let servers = AllowListed::start().await;
+        let (port, other) = (servers.port, servers.other);
+        // Another port, the same path.
         let refused = format!("http://127.0.0.1:{other}/ok/x");
-        let ToolResult::Error { message } = post(refused.clone()).await else {
+        let ToolResult::Error { message } = servers.post(refused.clone()).await else {
             panic!("{refused} was called")
         };
         assert!(
@@ -902,8 +928,9 @@ mod tests {
             "{message}"
         );
         // The allowed host's userinfo leads elsewhere: refused too.
-        let ToolResult::Error { message } =
-            post(format!("http://127.0.0.1:{port}@127.0.0.1:{other}/ok/x")).await
+        let ToolResult::Error { message } = servers
+            .post(format!("http://127.0.0.1:{port}@127.0.0.1:{other}/ok/x"))
+            .await
         else {
             panic!("userinfo led the call to another port")
         };
@@ -911,15 +938,22 @@ mod tests {
             message.contains("is not on the operator's allow-list"),
             "{message}"
         );
-        assert!(other_paths.lock().unwrap().is_empty());
-        // A same-origin redirect to a listed path is followed; to another
-        // path it is not, and that path is never asked.
+        assert!(servers.other_paths.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_followed_only_to_an_allowed_path() {
+        let servers = AllowListed::start().await;
+        let port = servers.port;
         assert_eq!(
-            post(format!("http://127.0.0.1:{port}/ok/hop")).await,
+            servers
+                .post(format!("http://127.0.0.1:{port}/ok/hop"))
+                .await,
             ToolResult::text("ok")
         );
-        let ToolResult::Error { message } =
-            post(format!("http://127.0.0.1:{port}/ok/bounce")).await
+        let ToolResult::Error { message } = servers
+            .post(format!("http://127.0.0.1:{port}/ok/bounce"))
+            .await
         else {
             panic!("the redirect was followed")
         };
@@ -929,13 +963,16 @@ mod tests {
             )),
             "{message}"
         );
-        assert!(
-            !paths.lock().unwrap().iter().any(|p| p == "/admin"),
-            "{:?}",
-            paths.lock().unwrap()
-        );
-        // What an Agent's check reports: the tool whose URL is off the list.
-        let off: Vec<String> = tools
+        // The path off the list is never asked.
+        let paths = servers.paths.lock().unwrap();
+        assert!(!paths.iter().any(|p| p == "/admin"), "{paths:?}");
+    }
+
+    #[tokio::test]
+    async fn an_agents_check_names_the_tool_whose_url_is_off_the_list() {
+        let servers = AllowListed::start().await;
+        let off: Vec<String> = servers
+            .tools
             .urls_not_allowed()
             .into_iter()
             .map(|(t, _, _)| t)
