@@ -17,56 +17,21 @@ use agents::store::kube::KubeStore;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use std::time::{Duration, Instant};
-use support::fake::World;
+use support::fake::{self, World};
 use support::launcher::Operator;
-use support::{kubectl_ok, TestNamespace};
+use support::{kubectl_ok, sized, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
-fn sized(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The Agents `flow` (two built-in calls, one of them runAsync) and
+/// `waits` (one call that waits for a person).
+fn agents() -> String {
+    format!(
+        "{}---{}",
+        fake::builtin_flow_agent("both things are here"),
+        fake::WAITING_AGENT
+    )
 }
-
-const FLOW: &str = r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {name: flow}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {name: now, arguments: {what: "the first thing"}}
-            - {name: later, arguments: {what: "the second thing"}}
-        - text: both things are here
-  tools:
-    - {name: now, builtin: {function: echo}}
-    - {name: later, builtin: {function: echo}}
-  policy:
-    default: runSync
-    rules:
-      - {tool: later, disposition: runAsync}
----
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {name: waits}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {name: ask, arguments: {what: "a number"}}
-        - text: thanks
-  tools:
-    - {name: ask, builtin: {function: echo}}
-  policy:
-    default: defer
-"#;
 
 fn session(name: &str, agent: &str) -> Session {
     serde_json::from_value(serde_json::json!({
@@ -172,7 +137,7 @@ async fn a_burst_of_sessions_finishes_while_others_wait_on_people() {
     support::install_crds(&client).await;
     let burst = sized("AGENTS_BURST_SESSIONS", 1000);
     let ns = TestNamespace::create(&client, "burst").await;
-    support::apply(&ns.name, FLOW);
+    support::apply(&ns.name, &agents());
     let kubeconfig = support::kubeconfig_path().unwrap();
     let op = Operator::start(BIN, "burst", &kubeconfig, &["-n", &ns.name], &[]);
     let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
@@ -261,7 +226,7 @@ async fn deleting_a_namespace_of_running_sessions_harms_no_one_else() {
     let doomed = TestNamespace::create(&client, "doomed").await;
     let other = TestNamespace::create(&client, "bystander").await;
     support::apply(&doomed.name, &support::fake::flow_manifests(port, 0));
-    support::apply(&doomed.name, FLOW);
+    support::apply(&doomed.name, &agents());
     support::apply(&other.name, &support::fake::flow_manifests(port, 0));
     let kubeconfig = support::kubeconfig_path().unwrap();
     let op = Operator::start(

@@ -21,20 +21,9 @@ use std::time::{Duration, Instant};
 use support::fake::World;
 use support::launcher::Operator;
 use support::rng::Rng;
-use support::{kubectl, kubectl_ok, TestNamespace};
+use support::{kubectl, kubectl_ok, sized, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-/// `name` from the environment, else `default`.
-fn sized(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}={v}: give a number"))
-        })
-        .unwrap_or(default)
-}
-
 fn operator(ns: &str, kubeconfig: &Path, n: usize) -> Operator {
     Operator::start(BIN, &format!("{ns}-{n}"), kubeconfig, &["-n", ns], &[])
 }

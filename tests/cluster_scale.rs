@@ -73,46 +73,13 @@ spec:
         .collect()
 }
 
-const AGENT: &str = r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {name: flow}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {name: now, arguments: {what: "the first thing"}}
-            - {name: later, arguments: {what: "the second thing"}}
-        - text: both things are here, and this answer is about as long as a real one tends to be
-  tools:
-    - {name: now, builtin: {function: echo}}
-    - {name: later, builtin: {function: echo}}
-  policy:
-    default: runSync
-    rules:
-      - {tool: later, disposition: runAsync}
-"#;
-
-/// One call that waits for an outside party, then the answer.
-const WAITING_AGENT: &str = r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Agent
-metadata: {name: waits}
-spec:
-  model:
-    provider: scripted
-    scripted:
-      replies:
-        - toolCalls:
-            - {name: ask, arguments: {what: "a number"}}
-        - text: thanks
-  tools:
-    - {name: ask, builtin: {function: echo}}
-  policy:
-    default: defer
-"#;
+/// The flow each session runs: two built-in calls (one runAsync), then an
+/// answer about as long as a real one.
+fn agent() -> String {
+    support::fake::builtin_flow_agent(
+        "both things are here, and this answer is about as long as a real one tends to be",
+    )
+}
 
 fn apply(ns: &str, yaml: &str) {
     support::apply_with(ns, yaml, &["--server-side"]);
@@ -422,7 +389,7 @@ async fn sessions_at_scale() {
     println!("machine: {cores} cores; raw bound: {raw:.0} status patches/s ({CONCURRENCY} clients, 4 KB each), kube-apiserver CPU {api_ms_per_patch:.1} ms a patch");
 
     let ns = TestNamespace::create(&client, "scale").await;
-    apply(&ns.name, AGENT);
+    apply(&ns.name, &agent());
     let kubeconfig = support::kubeconfig_path().unwrap();
     let bin = operator_bin();
     println!("operator: {bin}");
@@ -608,11 +575,8 @@ async fn completer_rounds(
     op: &support::launcher::Operator,
     offset: usize,
 ) {
-    let n: usize = std::env::var("AGENTS_SCALE_DEFERRED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    apply(ns, WAITING_AGENT);
+    let n = support::sized("AGENTS_SCALE_DEFERRED", 200);
+    apply(ns, support::fake::WAITING_AGENT);
     println!(
         "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting | completion write p50/p99 ms |"
     );

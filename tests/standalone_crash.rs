@@ -105,10 +105,7 @@ fn next_step(s: &Scratch, file: &str) -> Vec<String> {
 #[test]
 fn sigkill_at_random_points_never_loses_or_repeats_a_result() {
     let mut rng = Rng::from_env_or_time();
-    let rounds = std::env::var("AGENTS_CRASH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let rounds = support::sized("AGENTS_CRASH_ROUNDS", 8) as u32;
     let mut kills = 0;
     let mut total_steps = 0;
     for round in 0..rounds {

@@ -223,6 +223,54 @@ impl World {
     }
 }
 
+/// An Agent `flow` with built-in tools: `now` (runSync) and `later`
+/// (runAsync), then `answer`. It needs no server.
+pub fn builtin_flow_agent(answer: &str) -> String {
+    format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: flow}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {{name: now, arguments: {{what: "the first thing"}}}}
+            - {{name: later, arguments: {{what: "the second thing"}}}}
+        - text: {answer}
+  tools:
+    - {{name: now, builtin: {{function: echo}}}}
+    - {{name: later, builtin: {{function: echo}}}}
+  policy:
+    default: runSync
+    rules:
+      - {{tool: later, disposition: runAsync}}
+"#
+    )
+}
+
+/// An Agent `waits` whose one call waits for an outside party (`defer`),
+/// then says "thanks".
+pub const WAITING_AGENT: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: waits}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {name: ask, arguments: {what: "a number"}}
+        - text: thanks
+  tools:
+    - {name: ask, builtin: {function: echo}}
+  policy:
+    default: defer
+"#;
+
 /// An Agent `worker` calling `now` (runSync) and `later` (runAsync) at the
 /// http tools on `port`, and `sessions` Sessions `s<i>` of it ("work <i>").
 pub fn flow_manifests(port: u16, sessions: usize) -> String {

@@ -36,6 +36,17 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde::Deserialize;
 
+/// A test's size from the environment variable `name`, else `default`.
+pub fn sized(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: give a number"))
+        })
+        .unwrap_or(default)
+}
+
 /// Where `tests/cluster/up` writes the admin kubeconfig of the test cluster.
 pub const DEFAULT_KUBECONFIG: &str = "/var/lib/agents-test-cluster/admin.kubeconfig";
 /// Where `tests/cluster/build` caches the cluster binaries (kubectl among them).
