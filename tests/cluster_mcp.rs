@@ -509,3 +509,77 @@ async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_can
     drop(op);
     ns.delete(&client).await;
 }
+
+/// A session deleted while its call is making an MCP task (the server has
+/// made it and not yet answered with its handle) still cancels the task:
+/// the session held its finalizer before the step began, so the handle is
+/// recorded and the deletion waits for the cancel. Before, the finalizer
+/// came after the step, and such a task was orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_while_its_call_makes_a_task_cancels_that_task() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "mcprace").await;
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let server = McpServer::start("cluster-task-race", &[]);
+    let allowed = format!(
+        "--http-tool-allowed-urls=http://127.0.0.1:{}/*",
+        server.port
+    );
+    let args = ["-n", ns.name.as_str(), allowed.as_str()];
+    let _op = Operator::start(
+        BIN,
+        &format!("mcprace-{}", ns.name),
+        &kubeconfig,
+        &args,
+        &[],
+    );
+    let slow = "[{name: long_job, arguments: {text: never, ms: 600000, delay_ms: 4000}}]";
+    apply(
+        &ns.name,
+        "a",
+        &task_agent(&server.url(), "slow", slow, "never"),
+    );
+    apply(&ns.name, "s", &session_of("racing", "slow"));
+    let created = wait_for_call(&server, "task created");
+    kubectl_ok(["delete", "-n", &ns.name, "session/racing", "--wait=false"]);
+    kubectl_ok([
+        "wait",
+        "--for=delete",
+        "-n",
+        &ns.name,
+        "session/racing",
+        "--timeout=60s",
+    ]);
+    let cancels: Vec<Value> = server
+        .calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tasks/cancel")
+        .collect();
+    assert_eq!(
+        cancels.len(),
+        1,
+        "the task made as the session was deleted is cancelled once: {:?}",
+        server.calls()
+    );
+    assert_eq!(cancels[0]["taskId"], created["taskId"]);
+    ns.delete(&client).await;
+}
+
+/// The first entry of the server's log whose method is `method` (60 s).
+fn wait_for_call(server: &McpServer, method: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(c) = server.calls().into_iter().find(|c| c["method"] == method) {
+            return c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {method} in {:?}",
+            server.calls()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

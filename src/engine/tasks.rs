@@ -30,6 +30,7 @@ pub(super) async fn poll(
         .await;
     let token = envelope.token.clone();
     let event = match polled {
+        TaskPoll::NoNews => return Ok(()),
         TaskPoll::Working => {
             debug!(session = sid, task = %task.id, "MCP task works");
             if asks.is_none() {

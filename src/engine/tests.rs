@@ -317,6 +317,8 @@ struct Tools {
     timeouts: Mutex<Vec<std::time::Duration>>,
     /// Polls a `long` call's MCP task answers `Working` before it ends.
     task_polls_left: AtomicU32,
+    /// What polls answer, first to last, before `task_polls_left` counts.
+    poll_script: Mutex<std::collections::VecDeque<TaskPoll>>,
     /// The task ids polled and cancelled, in order.
     polled: Mutex<Vec<String>>,
     cancelled: Mutex<Vec<String>>,
@@ -355,6 +357,9 @@ impl ToolPort for Tools {
         _: Option<&'a str>,
     ) -> BoxFuture<'a, TaskPoll> {
         self.polled.lock().unwrap().push(task.id.clone());
+        if let Some(scripted) = self.poll_script.lock().unwrap().pop_front() {
+            return Box::pin(async move { scripted });
+        }
         let left = self
             .task_polls_left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
@@ -1017,6 +1022,46 @@ async fn a_call_that_becomes_an_mcp_task_is_polled_at_its_interval_and_runs_once
         Some(crate::core::session::TASK_BY)
     );
     assert_eq!(rec.result, Some(ToolResult::text("the long task's answer")));
+}
+
+#[tokio::test]
+async fn a_tasks_request_for_input_stands_until_the_server_says_otherwise() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![calls(&["long"]), text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    tools.poll_script.lock().unwrap().extend([
+        TaskPoll::AsksForInput(r#"{"q1":{}}"#.into()),
+        TaskPoll::NoNews,
+        TaskPoll::Working,
+    ]);
+    let p = ports(&store, &model, &tools, &clock);
+    let holder = Holder::named("h");
+    let asks = |store: &MemStore| {
+        store.state().open.unwrap().calls[0]
+            .task_asks()
+            .map(str::to_string)
+    };
+    step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    clock.sleep_until(Millis(4_000)).await;
+    step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert_eq!(asks(&store).as_deref(), Some(r#"{"q1":{}}"#));
+    let saves = store.saves.load(Ordering::SeqCst);
+    // A step between polls (or a poll that did not get through) hears
+    // nothing new: the question stays shown and nothing is written.
+    step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert_eq!(asks(&store).as_deref(), Some(r#"{"q1":{}}"#));
+    assert_eq!(store.saves.load(Ordering::SeqCst), saves);
+    // The server working again means the request is no longer open.
+    step(&p, &id(), &runtime(), &holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert_eq!(asks(&store), None);
 }
 
 #[tokio::test]

@@ -1102,10 +1102,15 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
             format!("agent {} resolved and valid", resolved.agent_name),
         ),
     }));
+    let uses_mcp = !resolved.mcp.is_empty();
+    let held = match task_cancel::hold_before_step(&ctx, &session, &ns, uses_mcp).await? {
+        task_cancel::Hold::Step { held } => held,
+        task_cancel::Hold::Going => return Ok(Action::await_change()),
+    };
     let (step, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
     let id = SessionId(name.clone());
     let settled = store.settle(&id, &step.state).await?;
-    task_cancel::keep_finalizer(&ctx, &session, &ns, &step.state).await?;
+    task_cancel::keep_finalizer(&ctx, &session, &ns, &step.state, uses_mcp, held).await?;
     ctx.background
         .prune(&session.uid().unwrap_or_default(), &step.state);
     ctx.failures

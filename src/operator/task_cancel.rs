@@ -1,7 +1,9 @@
 //! MCP tasks outlive the Session that waits on them unless someone says
-//! otherwise: while a session waits on a task it carries a finalizer, and
+//! otherwise: a session carries a finalizer while it waits on a task, and
 //! its deletion sends `tasks/cancel` for every open task before the
-//! finalizer goes. The cancel is tried once per task (bounded by the MCP
+//! finalizer goes. A session whose agent has MCP servers holds it before
+//! any step that may call one: a task created by a call in flight when the
+//! session is deleted is then recorded and cancelled, not orphaned. The cancel is tried once per task (bounded by the MCP
 //! client's request timeout): a server that cannot be reached never holds
 //! a deletion up for more than that.
 
@@ -27,27 +29,69 @@ fn waits_on_tasks(state: &SessionState) -> bool {
         .any(|c| c.waiting_for() == Some(WaitingFor::McpTask))
 }
 
-/// After a step: the finalizer while the session waits on a task, none
-/// once it no longer does (one metadata patch each way).
+/// Whether the session holds our finalizer.
+pub fn holds(session: &Session) -> bool {
+    session.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Whether a step may go on after [`hold_before_step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Go on; `held`: whether the session holds the finalizer now.
+    Step { held: bool },
+    /// The session is being deleted (or gone, or recreated): no step, the
+    /// deletion's own reconcile comes.
+    Going,
+}
+
+/// Before a step of a session that is not final and whose agent has MCP
+/// servers (`uses_mcp`): the finalizer, so that a call which makes a task
+/// cannot outrun it.
+pub async fn hold_before_step(
+    ctx: &Context,
+    session: &Session,
+    ns: &str,
+    uses_mcp: bool,
+) -> Result<Hold, kube::Error> {
+    let held = holds(session);
+    if held || !uses_mcp || super::is_final(session) {
+        return Ok(Hold::Step { held });
+    }
+    match own_finalizer(ctx, ns, session, true).await {
+        Ok(()) => Ok(Hold::Step { held: true }),
+        // 422: no finalizer may be added once a deletion began; 409: the
+        // UID is not this session's; 404: gone.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
+            info!(session = %format!("{ns}/{}", session.name_any()), "no step: the session is being deleted ({})", s.message);
+            Ok(Hold::Going)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// After a step: the finalizer while the session waits on a task, or may
+/// make one (not final, `uses_mcp`); none once neither holds (one metadata
+/// patch each way). `held`: whether it holds it now.
 pub async fn keep_finalizer(
     ctx: &Context,
     session: &Session,
     ns: &str,
     state: &SessionState,
+    uses_mcp: bool,
+    held: bool,
 ) -> Result<(), kube::Error> {
-    let wants = waits_on_tasks(state);
-    let has = session.finalizers().iter().any(|f| f == FINALIZER);
-    if wants == has {
+    let wants = waits_on_tasks(state) || (uses_mcp && !state.phase.is_final());
+    if wants == held {
         return Ok(());
     }
-    own_finalizer(ctx, ns, &session.name_any(), wants).await
+    own_finalizer(ctx, ns, session, wants).await
 }
 
 /// A Session being deleted: its open MCP tasks are cancelled, then its
 /// finalizer goes.
 pub async fn cancel_then_release(ctx: &Context, session: &Session, ns: &str) -> Result<(), Error> {
     let name = session.name_any();
-    if !session.finalizers().iter().any(|f| f == FINALIZER) {
+    if !holds(session) {
         return Ok(());
     }
     let store = KubeStore::new(ctx.client.clone(), ns);
@@ -55,7 +99,7 @@ pub async fn cancel_then_release(ctx: &Context, session: &Session, ns: &str) -> 
     if let Some(loaded) = store.load(&id).await? {
         cancel_open_tasks(ctx, session, ns, &loaded.value.state).await;
     }
-    match own_finalizer(ctx, ns, &name, false).await {
+    match own_finalizer(ctx, ns, session, false).await {
         Ok(()) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(Error::Kube(e)),
@@ -88,17 +132,29 @@ async fn cancel_open_tasks(ctx: &Context, session: &Session, ns: &str, state: &S
 
 /// Holds (or lets go of) our finalizer by server-side apply under a field
 /// manager of its own: `metadata.finalizers` is a set, so other
-/// controllers' finalizers are never touched, whatever our cache says.
-async fn own_finalizer(ctx: &Context, ns: &str, name: &str, hold: bool) -> Result<(), kube::Error> {
+/// controllers' finalizers are never touched, whatever our cache says. The
+/// UID makes it this very session: a recreated one of the same name is
+/// refused (409), and a missing one is never created.
+async fn own_finalizer(
+    ctx: &Context,
+    ns: &str,
+    session: &Session,
+    hold: bool,
+) -> Result<(), kube::Error> {
+    let name = session.name_any();
     let api: Api<Session> = Api::namespaced(ctx.client.clone(), ns);
     let finalizers: Vec<&str> = if hold { vec![FINALIZER] } else { Vec::new() };
+    let mut metadata = json!({"name": name, "finalizers": finalizers});
+    if let Some(uid) = session.uid() {
+        metadata["uid"] = json!(uid);
+    }
     let body = json!({
         "apiVersion": "agents-exe.io/v1alpha1",
         "kind": "Session",
-        "metadata": {"name": name, "finalizers": finalizers},
+        "metadata": metadata,
     });
     api.patch(
-        name,
+        &name,
         &PatchParams::apply(FIELD_MANAGER),
         &Patch::Apply(&body),
     )

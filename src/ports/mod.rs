@@ -133,6 +133,9 @@ pub enum TaskPoll {
     /// Still working; poll again after `poll_ms` (the server's latest
     /// word, or the handle's).
     Working,
+    /// Not asked now (its interval has not passed) or not reached this
+    /// once: what the task last said (a request for input) still stands.
+    NoNews,
     /// Waits for answers to these requests (`inputRequests`, JSON).
     AsksForInput(String),
     /// Ended: the tool's result, or an error saying how the task failed,

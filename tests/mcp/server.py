@@ -18,7 +18,8 @@ Mcp-Session-Id.
 Tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663, wire revision
 2026-07-28) are served by the SDK's extension interface (`mcp.server.extension`,
 which the SDK offers for exactly this): `long_job` answers a client that declares
-the extension with a task handle and completes after `ms` milliseconds;
+the extension with a task handle and completes after `ms` milliseconds
+(answering the handle itself `delay_ms` after making the task);
 `confirm` makes a task that asks for input (an elicitation) and completes with
 the answer given through `tasks/update`. `tasks/get`, `tasks/update` and
 `tasks/cancel` are served; tasks live in this process (a client that restarts
@@ -118,6 +119,13 @@ class Tasks(Extension):
                 }
             }
         self.tasks[task_id] = task
+        # The task exists before its handle is answered: `delay_ms` widens
+        # that window, as a slow server or network would (and says when the
+        # task was made, so a test can act inside the window).
+        delay_ms = int(args.get("delay_ms", 0))
+        if delay_ms:
+            log_line({"method": "task created", "taskId": task_id})
+            await asyncio.sleep(delay_ms / 1000)
         return {"resultType": "task", **public(task)}
 
     def advance(self, task: dict) -> None:

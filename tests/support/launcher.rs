@@ -1,5 +1,6 @@
 //! The operator as a child process: its own loopback metrics port, a log
-//! file, a clean environment (only what the test passes), killed on drop.
+//! file (kept when the test fails), a clean environment (only what the
+//! test passes), killed on drop.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -91,7 +92,12 @@ impl Operator {
 }
 
 impl Drop for Operator {
+    /// Kills the operator; its log stays only when the test failed, to be
+    /// read (a passing run leaves nothing in the temporary directory).
     fn drop(&mut self) {
         self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }

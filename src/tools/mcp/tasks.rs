@@ -142,7 +142,7 @@ impl McpPool {
         // event, a driver that looks every second), the server is asked
         // no more often than it said.
         if answers.is_none() && !self.poll_due(task) {
-            return TaskPoll::Working;
+            return TaskPoll::NoNews;
         }
         let conn = match self.connection(resolved) {
             Ok(c) => c,
@@ -186,7 +186,7 @@ impl McpPool {
                 *n += 1;
                 if *n < MAX_UNREACHABLE_POLLS {
                     tracing::warn!(task = %task.id, misses = *n, error = %why, "MCP task poll failed; polling again");
-                    return TaskPoll::Working;
+                    return TaskPoll::NoNews;
                 }
                 misses.remove(&task.id);
                 TaskPoll::Ended(ToolResult::error(format!(
