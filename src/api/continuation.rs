@@ -126,12 +126,16 @@ pub enum ContinuationState {
     Completed,
 }
 
+/// The most an answer to an MCP task's request for input may hold, as
+/// compact JSON: the CLI refuses more, and the CRD's schema bounds it.
+pub const MAX_ANSWERS_BYTES: usize = 16 * 1024;
+
 /// Answers a person gave to an MCP task's request for input.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AnswersStatus {
     /// The `inputResponses` object, as JSON text.
-    #[schemars(length(max = 16384))]
+    #[schemars(length(max = MAX_ANSWERS_BYTES))]
     pub input_responses: String,
     /// Who answered.
     pub by: String,

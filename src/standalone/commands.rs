@@ -6,6 +6,7 @@ use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::progress::{waiting_for_text, Progress};
 use crate::agent::RunnableAgent;
+use crate::api::continuation::MAX_ANSWERS_BYTES;
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
@@ -554,9 +555,6 @@ pub async fn complete(
         }
     }
 }
-
-/// The most an answer may hold (the Continuation's field is bounded).
-const MAX_ANSWERS_BYTES: usize = 16 * 1024;
 
 pub async fn answer(
     token: &str,

@@ -547,10 +547,8 @@ fn content_part(c: &Value) -> ToolResponse {
 pub struct McpPool {
     connections: Mutex<HashMap<String, Arc<Connection>>>,
     listings: Mutex<HashMap<String, (Instant, Listing)>>,
-    /// Polls of a task in a row that failed to reach its server.
-    unreachable: Mutex<HashMap<String, u32>>,
-    /// When each task was last polled.
-    last_poll: Mutex<HashMap<String, Instant>>,
+    /// What this process knows of each task it polls, by task id.
+    tasks: Mutex<HashMap<String, tasks::Polls>>,
 }
 
 impl std::fmt::Debug for McpPool {

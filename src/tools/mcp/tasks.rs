@@ -127,6 +127,19 @@ fn asks_of(task: &Value) -> TaskPoll {
     TaskPoll::AsksForInput(text)
 }
 
+/// The tasks a process follows at most (a bound: the oldest knowledge is
+/// dropped at once, which costs at most an early poll).
+const MAX_FOLLOWED_TASKS: usize = 4096;
+
+/// A task's polls in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Polls {
+    /// When it was last polled.
+    last: Option<std::time::Instant>,
+    /// Polls in a row that failed to reach its server.
+    misses: u32,
+}
+
 impl McpPool {
     /// `tasks/update` with `answers` (an `inputResponses` object), then
     /// `tasks/get`. An unreachable server counts towards
@@ -153,13 +166,17 @@ impl McpPool {
                 return self.failed_poll(task, e);
             }
         }
-        match task_request(&conn, "tasks/get", task_params(task)).await {
+        let poll = match task_request(&conn, "tasks/get", task_params(task)).await {
             Ok(result) => {
-                self.reached(task);
+                self.with_polls(task, |p| p.misses = 0);
                 poll_of(&result)
             }
             Err(e) => self.failed_poll(task, e),
+        };
+        if matches!(poll, TaskPoll::Ended(_)) {
+            self.forget(task);
         }
+        poll
     }
 
     /// `tasks/cancel`; its failure is only logged (the call has ended).
@@ -168,7 +185,7 @@ impl McpPool {
             Ok(conn) => task_request(&conn, "tasks/cancel", task_params(task)).await,
             Err(e) => Err(e),
         };
-        self.reached(task);
+        self.forget(task);
         match outcome {
             Ok(_) => tracing::info!(task = %task.id, "MCP task cancelled"),
             Err(e) => tracing::warn!(task = %task.id, error = %e, "cancelling the MCP task failed"),
@@ -178,17 +195,15 @@ impl McpPool {
     fn failed_poll(&self, task: &TaskHandle, e: McpError) -> TaskPoll {
         match e {
             McpError::Transport(why) => {
-                let mut misses = self.unreachable.lock().expect("mcp task misses");
-                if misses.len() > 4096 {
-                    misses.clear();
-                }
-                let n = misses.entry(task.id.clone()).or_insert(0);
-                *n += 1;
-                if *n < MAX_UNREACHABLE_POLLS {
-                    tracing::warn!(task = %task.id, misses = *n, error = %why, "MCP task poll failed; polling again");
+                let misses = self.with_polls(task, |p| {
+                    p.misses += 1;
+                    p.misses
+                });
+                if misses < MAX_UNREACHABLE_POLLS {
+                    tracing::warn!(task = %task.id, misses, error = %why, "MCP task poll failed; polling again");
                     return TaskPoll::NoNews;
                 }
-                misses.remove(&task.id);
+                self.forget(task);
                 TaskPoll::Ended(ToolResult::error(format!(
                     "the MCP server was unreachable for {MAX_UNREACHABLE_POLLS} polls of task {} in a row: {why}",
                     task.id
@@ -210,24 +225,27 @@ impl McpPool {
         ));
         let slack = std::time::Duration::from_millis(250);
         let now = std::time::Instant::now();
-        let mut last = self.last_poll.lock().expect("mcp task polls");
-        if last.len() > 4096 {
-            last.clear();
-        }
-        match last.get(&task.id) {
-            Some(at) if now.duration_since(*at) + slack < interval => false,
+        self.with_polls(task, |p| match p.last {
+            Some(at) if now.duration_since(at) + slack < interval => false,
             _ => {
-                last.insert(task.id.clone(), now);
+                p.last = Some(now);
                 true
             }
-        }
+        })
     }
 
-    fn reached(&self, task: &TaskHandle) {
-        self.unreachable
-            .lock()
-            .expect("mcp task misses")
-            .remove(&task.id);
+    /// `change` applied to what is known of `task`'s polls (bounded).
+    fn with_polls<T>(&self, task: &TaskHandle, change: impl FnOnce(&mut Polls) -> T) -> T {
+        let mut all = self.tasks.lock().expect("mcp task polls");
+        if all.len() >= MAX_FOLLOWED_TASKS && !all.contains_key(&task.id) {
+            all.clear();
+        }
+        change(all.entry(task.id.clone()).or_default())
+    }
+
+    /// Drops what is known of an ended or cancelled task.
+    fn forget(&self, task: &TaskHandle) {
+        self.tasks.lock().expect("mcp task polls").remove(&task.id);
     }
 }
 
@@ -321,5 +339,22 @@ mod tests {
             pool.poll_due(&fast),
             "due again after a second (less the slack)"
         );
+    }
+
+    #[test]
+    fn what_is_known_of_tasks_is_bounded_and_goes_when_a_task_ends() {
+        let pool = McpPool::default();
+        let handle = |id: String| TaskHandle { id, poll_ms: 1_000 };
+        for i in 0..MAX_FOLLOWED_TASKS + 10 {
+            pool.poll_due(&handle(format!("t{i}")));
+        }
+        assert!(pool.tasks.lock().unwrap().len() <= MAX_FOLLOWED_TASKS);
+        let lost = handle("lost".into());
+        let miss = || pool.failed_poll(&lost, McpError::Transport("refused".into()));
+        for _ in 1..MAX_UNREACHABLE_POLLS {
+            assert_eq!(miss(), TaskPoll::NoNews, "a miss is no news");
+        }
+        assert!(matches!(miss(), TaskPoll::Ended(r) if r.is_error()));
+        assert!(!pool.tasks.lock().unwrap().contains_key("lost"));
     }
 }
