@@ -25,6 +25,8 @@
 //! | `agents_reconcile_duration_seconds` | histogram | (one Session reconcile, start to end) |
 //! | `agents_sessions` | gauge | `phase` |
 //! | `agents_leader` | gauge | 1 while this replica holds the Lease |
+//! | `agents_events_dropped_total` | counter | (Events not written) |
+//! | `agents_namespace_at_cap_total` | counter | (reconciles put off: their namespace held all its slots) |
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -97,6 +99,14 @@ pub struct Metrics {
     sessions: Family<PhaseLabel, Gauge>,
     leader: Gauge<i64, AtomicI64>,
     events_dropped: Counter,
+    namespace_at_cap: Counter,
+}
+
+/// A counter registered under `name`.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
 }
 
 impl Default for Metrics {
@@ -168,11 +178,15 @@ impl Metrics {
             "1 while this replica holds the leader Lease, else 0",
             leader.clone(),
         );
-        let events_dropped = Counter::default();
-        registry.register(
+        let events_dropped = counter(
+            &mut registry,
             "events_dropped",
             "Kubernetes Events not written: the queue was full (a burst) or the API server refused them",
-            events_dropped.clone(),
+        );
+        let namespace_at_cap = counter(
+            &mut registry,
+            "namespace_at_cap",
+            "Reconciles put off because their namespace held all the reconciles it may hold at once",
         );
         Metrics {
             registry,
@@ -185,6 +199,7 @@ impl Metrics {
             sessions,
             leader,
             events_dropped,
+            namespace_at_cap,
         }
     }
 
@@ -242,6 +257,11 @@ impl Metrics {
                 phase: phase.into(),
             })
             .set(count);
+    }
+
+    /// A reconcile was put off: its namespace held all its slots.
+    pub fn namespace_at_cap(&self) {
+        self.namespace_at_cap.inc();
     }
 
     /// One Kubernetes Event was not written.

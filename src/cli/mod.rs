@@ -153,6 +153,12 @@ pub struct OperatorArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
+    /// Reconciles of one namespace's sessions running at once, so no
+    /// namespace holds every slot (a step runs the model and runSync tools,
+    /// which may be slow). Default: three quarters of
+    /// --max-concurrent-reconciles, at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_reconciles_per_namespace: Option<u16>,
     /// Requests a second this operator sends its API server at most, on
     /// average (0: no client-side limit; the API server's Priority and
     /// Fairness, which the chart configures, queues a burst instead).

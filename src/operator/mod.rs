@@ -26,6 +26,7 @@ pub mod event_sink;
 pub mod events;
 pub mod notify;
 mod report;
+pub mod slots;
 mod task_cancel;
 
 use crate::agent::{AgentModel, AgentTools, Definition, NoSecrets};
@@ -110,6 +111,9 @@ pub struct Options {
     pub stall_bound: Duration,
     /// Reconciles running at once (0: unbounded).
     pub max_concurrent_reconciles: u16,
+    /// Reconciles of one namespace at once (`None`: three quarters of
+    /// `max_concurrent_reconciles`).
+    pub max_reconciles_per_namespace: Option<u16>,
     /// A client-side pace for API requests; `None`: none.
     pub api_rate: Option<ApiRate>,
     /// How fast Events are written (`--event-qps`, `--event-burst`).
@@ -147,6 +151,7 @@ impl Default for Options {
             resync_rate: 50,
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
+            max_reconciles_per_namespace: None,
             api_rate: None,
             event_pace: Default::default(),
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
@@ -187,6 +192,8 @@ pub struct Context {
     /// Connections to MCP servers and their listings, shared by the Agent
     /// and Session reconciles and the background runs.
     pub mcp: Arc<crate::tools::mcp::McpPool>,
+    /// Reconcile slots per namespace.
+    slots: Arc<slots::NamespaceSlots>,
 }
 
 impl Context {
@@ -225,8 +232,21 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             announced: Mutex::default(),
             mcp: Arc::default(),
+            slots: slots::NamespaceSlots::new(per_namespace(opts, ns).into()),
         }
     }
+}
+
+/// Reconciles one namespace may run at once: as asked, else three
+/// quarters of all (at least one). A controller of one namespace
+/// (`scope`) shares its reconciles with no other: all of them.
+fn per_namespace(opts: &Options, scope: Option<&str>) -> u16 {
+    if scope.is_some() {
+        return opts.max_concurrent_reconciles;
+    }
+    opts.max_reconciles_per_namespace
+        .unwrap_or(opts.max_concurrent_reconciles.saturating_mul(3) / 4)
+        .max(1)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1077,6 +1097,10 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     let ns = session
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let Some(_slot) = ctx.slots.take(&ns) else {
+        ctx.metrics.namespace_at_cap();
+        return Ok(Action::requeue(namespace_busy_recheck(&name)));
+    };
     if session.metadata.deletion_timestamp.is_some() {
         // Its continuations go by garbage collection; its runs by the
         // sweep; its MCP tasks are cancelled here.
@@ -1140,6 +1164,16 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         retry_notify,
         SystemClock.now(),
     ))
+}
+
+/// When a session whose namespace holds all its slots is looked at again:
+/// in one to two seconds, spread by its name so they do not come back at
+/// once.
+fn namespace_busy_recheck(name: &str) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    Duration::from_millis(1_000 + h.finish() % 1_000)
 }
 
 /// How long until a finished session is due for deletion under `ttl`
@@ -1427,4 +1461,32 @@ fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Context>) -> Acti
         warn!(session = %key, error = %error, attempt = n, ?backoff, "reconcile failed; retrying");
     }
     Action::requeue(backoff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_gets_three_quarters_of_a_shared_pool_and_all_of_its_own() {
+        let mut opts = Options::default();
+        assert_eq!(per_namespace(&opts, None), 12);
+        assert_eq!(per_namespace(&opts, Some("team-a")), 16);
+        opts.max_reconciles_per_namespace = Some(2);
+        assert_eq!(per_namespace(&opts, None), 2);
+        opts.max_reconciles_per_namespace = None;
+        opts.max_concurrent_reconciles = 1;
+        assert_eq!(per_namespace(&opts, None), 1, "never none");
+    }
+
+    #[test]
+    fn sessions_put_off_come_back_spread_over_a_second() {
+        let waits: std::collections::BTreeSet<Duration> = (0..50)
+            .map(|i| namespace_busy_recheck(&format!("s{i}")))
+            .collect();
+        assert!(waits.len() > 10, "spread: {waits:?}");
+        assert!(waits
+            .iter()
+            .all(|w| *w >= Duration::from_secs(1) && *w < Duration::from_secs(2)));
+    }
 }

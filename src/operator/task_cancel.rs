@@ -3,9 +3,10 @@
 //! its deletion sends `tasks/cancel` for every open task before the
 //! finalizer goes. A session whose agent has MCP servers holds it before
 //! any step that may call one: a task created by a call in flight when the
-//! session is deleted is then recorded and cancelled, not orphaned. The cancel is tried once per task (bounded by the MCP
-//! client's request timeout): a server that cannot be reached never holds
-//! a deletion up for more than that.
+//! session is deleted is then recorded and cancelled, not orphaned. The
+//! cancels go at once, each tried once (bounded by the MCP client's
+//! request timeout): a server that cannot be reached never holds a
+//! deletion up for more than that.
 
 use super::{resolve, Context, Error};
 use crate::api::Session;
@@ -124,10 +125,12 @@ async fn cancel_open_tasks(ctx: &Context, session: &Session, ns: &str, state: &S
             return;
         }
     };
-    for (call, task) in open {
+    // All at once: a deletion waits for the slowest cancel, not their sum.
+    let cancels = open.iter().map(|(call, task)| {
         info!(session = %key, task = %task.id, tool = %call.name, "session deleted; cancelling its MCP task");
-        resolved.tools.cancel_task(&call, &task).await;
-    }
+        resolved.tools.cancel_task(call, task)
+    });
+    futures::future::join_all(cancels).await;
 }
 
 /// Holds (or lets go of) our finalizer by server-side apply under a field

@@ -106,6 +106,9 @@ app.kubernetes.io/component: operator
 - --finished-session-ttl-seconds={{ .Values.operator.finishedSessionTTLSeconds | int }}
 {{- end }}
 - --max-concurrent-reconciles={{ .Values.operator.maxConcurrentReconciles | int }}
+{{- if not (kindIs "invalid" .Values.operator.maxReconcilesPerNamespace) }}
+- --max-reconciles-per-namespace={{ .Values.operator.maxReconcilesPerNamespace | int }}
+{{- end }}
 {{- if gt (int .Values.operator.apiQPS) 0 }}
 - --api-qps={{ .Values.operator.apiQPS | int }}
 {{- if gt (int .Values.operator.apiBurst) 0 }}
