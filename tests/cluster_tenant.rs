@@ -8,7 +8,7 @@ use agents::api::{Continuation, Session};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 use sha2::Digest;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http::{Response, Server};
@@ -644,6 +644,79 @@ spec:
     let mut asked = good_paths.lock().unwrap().clone();
     asked.sort();
     assert_eq!(asked, ["/allowed/bounce", "/allowed/fetch"]);
+    drop(op);
+    ns.delete(&client).await;
+}
+
+/// One namespace's `runAsync` calls run at most
+/// `--max-background-runs-per-namespace` at once (each may hold a reply of
+/// up to 8 MiB in the operator); the others wait their turn and all end.
+/// Here: 4 sessions with 2 slow runAsync calls each, 3 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaces_background_runs_take_turns_within_their_bound() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-background").await;
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (in_flight, peak) = (now.clone(), most.clone());
+    let server = Server::start(move |_| {
+        let n = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        peak.fetch_max(n, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(1500));
+        in_flight.fetch_sub(1, Ordering::SeqCst);
+        Response::json(200, r#"{"ok":true}"#)
+    });
+    let sessions = (0..4)
+        .map(|i| format!("---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: b{i}}}\nspec: {{agentRef: {{name: slow}}, messages: [go]}}\n"))
+        .collect::<String>();
+    apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: slow}}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls: [{{name: a, arguments: {{}}}}, {{name: b, arguments: {{}}}}]
+        - text: both
+  tools:
+    - {{name: a, http: {{url: "http://127.0.0.1:{port}/a"}}}}
+    - {{name: b, http: {{url: "http://127.0.0.1:{port}/b"}}}}
+  policy:
+    default: runAsync
+{sessions}"#,
+            port = server.port
+        ),
+    );
+    let op = support::launcher::Operator::start(
+        BIN,
+        &format!("tenant-background-{}", ns.name),
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name, "--max-background-runs-per-namespace=3"],
+        &[],
+    );
+    for i in 0..4 {
+        support::kubectl_ok([
+            "wait",
+            "-n",
+            &ns.name,
+            &format!("session/b{i}"),
+            "--for=condition=Succeeded",
+            "--timeout=60s",
+        ]);
+    }
+    assert_eq!(server.requests().len(), 8, "every call ran once");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        3,
+        "at most 3 of the namespace's runs at once, and the bound was reached"
+    );
     drop(op);
     ns.delete(&client).await;
 }

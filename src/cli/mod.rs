@@ -159,6 +159,11 @@ pub struct OperatorArgs {
     /// --max-concurrent-reconciles, at least 1.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_reconciles_per_namespace: Option<u16>,
+    /// runAsync calls of one namespace running at once; more wait their
+    /// turn. Each may hold a reply of up to 8 MiB, so this bounds what one
+    /// namespace's background work takes of the operator's memory.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_background_runs_per_namespace: u16,
     /// Requests a second this operator sends its API server at most, on
     /// average (0: no client-side limit; the API server's Priority and
     /// Fairness, which the chart configures, queues a burst instead).

@@ -47,6 +47,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         stall_bound: std::time::Duration::from_secs(args.stall_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         max_reconciles_per_namespace: args.max_reconciles_per_namespace,
+        max_background_runs_per_namespace: args.max_background_runs_per_namespace,
         api_rate: (args.api_qps > 0).then(|| crate::operator::ApiRate {
             qps: args.api_qps,
             burst: args.api_burst.unwrap_or(args.api_qps.saturating_mul(2)),

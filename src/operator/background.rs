@@ -10,6 +10,11 @@
 //!
 //! A Session that is deleted (or re-created under its name, with a new UID)
 //! takes its runs with it: a janitor aborts them and drops their results.
+//!
+//! One namespace's runs execute at most `per_namespace` at once; the rest
+//! wait their turn (still in flight to the engine). Each run may hold a
+//! reply of up to the reply bound, so this bounds what one tenant's
+//! background work can take of the operator's memory and connections.
 
 use crate::api::Session;
 use crate::core::envelope::CallEnvelope;
@@ -23,6 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use tracing::{debug, info};
 
@@ -49,15 +55,29 @@ fn status_of(run: &ToolRun) -> RunStatus {
 pub struct Background {
     runs: Mutex<HashMap<RunKey, Run>>,
     wake: UnboundedSender<ObjectRef<Session>>,
+    /// Runs of one namespace that execute at once.
+    per_namespace: usize,
+    gates: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl Background {
     /// `wake` feeds `Controller::reconcile_on`.
-    pub fn new(wake: UnboundedSender<ObjectRef<Session>>) -> Self {
+    pub fn new(wake: UnboundedSender<ObjectRef<Session>>, per_namespace: usize) -> Self {
         Background {
             runs: Mutex::new(HashMap::new()),
             wake,
+            per_namespace: per_namespace.max(1),
+            gates: Mutex::default(),
         }
+    }
+
+    /// The gate of `namespace`'s runs.
+    fn gate(&self, namespace: &str) -> Arc<Semaphore> {
+        let mut gates = self.gates.lock().expect("gates lock");
+        gates
+            .entry(namespace.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_namespace)))
+            .clone()
     }
 
     fn start(
@@ -86,8 +106,11 @@ impl Background {
         let idempotency_key = envelope.context.idempotency_key.clone();
         let session = session.clone();
         let task_key = key.clone();
+        let gate = self.gate(session.namespace.as_deref().unwrap_or_default());
         info!(session = %session, token = %key.token, attempt, tool = %call.name, "background run started");
         let task = tokio::spawn(async move {
+            // Never closed: a permit always comes, in turn.
+            let _turn = gate.acquire_owned().await;
             let result = tools.start(&call, &idempotency_key, Some(timeout)).await;
             let ok = !matches!(result, ToolRun::Done(ToolResult::Error { .. }));
             this.runs
@@ -131,6 +154,11 @@ impl Background {
 
     /// Aborts and forgets the runs of sessions that no longer exist.
     pub fn sweep(&self, sessions: &Store<Session>) {
+        // A gate nobody waits on or holds is made again when needed.
+        self.gates
+            .lock()
+            .expect("gates lock")
+            .retain(|_, g| Arc::strong_count(g) > 1 || g.available_permits() < self.per_namespace);
         let live: HashSet<String> = sessions.state().iter().filter_map(|s| s.uid()).collect();
         let mut runs = self.runs.lock().expect("runs lock");
         runs.retain(|k, run| {
@@ -231,5 +259,24 @@ impl RunnerPort for SessionRunner {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "job",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespaces_runs_share_one_gate_and_an_idle_gate_goes() {
+        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let background = Background::new(wake, 2);
+        let held = background.gate("a");
+        assert!(Arc::ptr_eq(&held, &background.gate("a")));
+        assert_eq!(background.gate("b").available_permits(), 2);
+        let (sessions, _writer) = kube::runtime::reflector::store::<Session>();
+        background.sweep(&sessions);
+        let gates = background.gates.lock().unwrap();
+        assert!(gates.contains_key("a"), "a run holds it");
+        assert!(!gates.contains_key("b"), "nobody holds it");
     }
 }

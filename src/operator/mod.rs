@@ -114,6 +114,8 @@ pub struct Options {
     /// Reconciles of one namespace at once (`None`: three quarters of
     /// `max_concurrent_reconciles`).
     pub max_reconciles_per_namespace: Option<u16>,
+    /// `runAsync` runs of one namespace executing at once.
+    pub max_background_runs_per_namespace: u16,
     /// A client-side pace for API requests; `None`: none.
     pub api_rate: Option<ApiRate>,
     /// How fast Events are written (`--event-qps`, `--event-burst`).
@@ -152,6 +154,7 @@ impl Default for Options {
             stall_bound: Duration::from_secs(60),
             max_concurrent_reconciles: 16,
             max_reconciles_per_namespace: None,
+            max_background_runs_per_namespace: 32,
             api_rate: None,
             event_pace: Default::default(),
             max_calls_per_reply: crate::core::session::DEFAULT_MAX_CALLS_PER_REPLY,
@@ -574,7 +577,10 @@ pub async fn run_with(
     .applied_objects();
     let controller = Controller::for_stream(session_events, sessions.clone());
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Session>>();
-    let background = Arc::new(Background::new(wake_tx.clone()));
+    let background = Arc::new(Background::new(
+        wake_tx.clone(),
+        opts.max_background_runs_per_namespace.into(),
+    ));
     let ctx = Arc::new(Context::new(
         &client,
         ns,

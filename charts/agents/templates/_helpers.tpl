@@ -106,6 +106,7 @@ app.kubernetes.io/component: operator
 - --finished-session-ttl-seconds={{ .Values.operator.finishedSessionTTLSeconds | int }}
 {{- end }}
 - --max-concurrent-reconciles={{ .Values.operator.maxConcurrentReconciles | int }}
+- --max-background-runs-per-namespace={{ .Values.operator.maxBackgroundRunsPerNamespace | int }}
 {{- if not (kindIs "invalid" .Values.operator.maxReconcilesPerNamespace) }}
 - --max-reconciles-per-namespace={{ .Values.operator.maxReconcilesPerNamespace | int }}
 {{- end }}
