@@ -38,9 +38,7 @@ async fn a_namespace_whose_tools_hang_leaves_reconcile_slots_to_the_others() {
         counter.fetch_add(1, Ordering::SeqCst);
         Response::hang()
     });
-    let hangs = (0..6)
-        .map(|i| format!("---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: h{i}}}\nspec: {{agentRef: {{name: hangs}}, messages: [go]}}\n"))
-        .collect::<String>();
+    let hangs = support::fake::sessions("hangs", "h", 6);
     apply(
         &stuck.name,
         &format!(
@@ -65,9 +63,7 @@ spec:
         ),
     );
     let quick = support::fake::builtin_flow_agent("done");
-    let sessions = (0..5)
-        .map(|i| format!("---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: q{i}}}\nspec: {{agentRef: {{name: flow}}, messages: [go]}}\n"))
-        .collect::<String>();
+    let sessions = support::fake::sessions("flow", "q", 5);
     let allowed = format!(
         "--http-tool-allowed-urls=http://127.0.0.1:{}/*",
         server.port

@@ -668,9 +668,7 @@ async fn a_namespaces_background_runs_take_turns_within_their_bound() {
         in_flight.fetch_sub(1, Ordering::SeqCst);
         Response::json(200, r#"{"ok":true}"#)
     });
-    let sessions = (0..4)
-        .map(|i| format!("---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: b{i}}}\nspec: {{agentRef: {{name: slow}}, messages: [go]}}\n"))
-        .collect::<String>();
+    let sessions = support::fake::sessions("slow", "b", 4);
     apply(
         &ns.name,
         &format!(

@@ -223,6 +223,14 @@ impl World {
     }
 }
 
+/// `n` Sessions `<prefix><i>` of Agent `agent`, each saying "go", as
+/// YAML documents (each begins with `---`).
+pub fn sessions(agent: &str, prefix: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: {prefix}{i}}}\nspec: {{agentRef: {{name: {agent}}}, messages: [go]}}\n"))
+        .collect()
+}
+
 /// An Agent `flow` with built-in tools: `now` (runSync) and `later`
 /// (runAsync), then `answer`. It needs no server.
 pub fn builtin_flow_agent(answer: &str) -> String {
