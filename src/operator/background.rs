@@ -154,11 +154,12 @@ impl Background {
 
     /// Aborts and forgets the runs of sessions that no longer exist.
     pub fn sweep(&self, sessions: &Store<Session>) {
-        // A gate nobody waits on or holds is made again when needed.
+        // A run waiting at a gate or holding its permit keeps a clone of
+        // it; a gate with none is made again when needed.
         self.gates
             .lock()
             .expect("gates lock")
-            .retain(|_, g| Arc::strong_count(g) > 1 || g.available_permits() < self.per_namespace);
+            .retain(|_, g| Arc::strong_count(g) > 1);
         let live: HashSet<String> = sessions.state().iter().filter_map(|s| s.uid()).collect();
         let mut runs = self.runs.lock().expect("runs lock");
         runs.retain(|k, run| {

@@ -44,7 +44,8 @@ impl NamespaceSlots {
     }
 
     /// Slots held in `namespace` now.
-    pub fn held(&self, namespace: &str) -> usize {
+    #[cfg(test)]
+    fn held(&self, namespace: &str) -> usize {
         let busy = self.busy.lock().expect("namespace slots");
         busy.get(namespace).copied().unwrap_or(0)
     }
