@@ -648,6 +648,159 @@ spec:
     ns.delete(&client).await;
 }
 
+/// A model endpoint answering "from TAG" to every chat completion, and
+/// the paths it was asked.
+fn model_server(tag: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let paths = Arc::new(Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    let server = Server::start(move |req| {
+        seen.lock().unwrap().push(req.path.clone());
+        let reply = json!({"choices": [{"message": {"role": "assistant", "content": format!("from {tag}")}}]});
+        Response::new(200, reply.to_string()).header("Content-Type", "application/json")
+    });
+    (server.port, paths)
+}
+
+/// The status condition `kind` of a session, once it has one.
+async fn condition_of(sessions: &Api<Session>, name: &str, kind: &str) -> Option<Value> {
+    let s = sessions.get(name).await.ok()?;
+    let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+    st["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .cloned()
+}
+
+/// The operator's list of model URLs (`--model-allowed-urls`) holds one
+/// loopback server. An Agent whose model is another is `Ready=False`
+/// (ModelUrlNotAllowed), and so are its sessions and an inline agent's,
+/// naming the URL and the list; the other server is never called, while a
+/// listed agent's session runs. Pointing the Agent at a listed URL lets
+/// its waiting session go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_off_the_operators_list_is_never_called() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "tenant-models").await;
+    let (good, good_paths) = model_server("good");
+    let (bad, bad_paths) = model_server("bad");
+    let agent = |name: &str, port: u16| {
+        format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: {name}}}
+spec:
+  model: {{provider: openai, openai: {{baseUrl: "http://127.0.0.1:{port}/v1", model: m}}}}
+"#
+        )
+    };
+    let session = |name: &str, agent: &str| {
+        format!(
+            "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: {name}}}\n\
+             spec: {{messages: [hi], {agent}}}\n"
+        )
+    };
+    let inline = format!(
+        "agent: {{model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{bad}/v1\", model: m}}}}}}"
+    );
+    apply(
+        &ns.name,
+        &[
+            agent("listed", good),
+            agent("unlisted", bad),
+            session("ok", "agentRef: {name: listed}"),
+            session("off", "agentRef: {name: unlisted}"),
+            session("inline-off", &inline),
+        ]
+        .join("\n---\n"),
+    );
+    let allowed = format!("http://127.0.0.1:{good}/v1/*");
+    let op = support::launcher::Operator::start(
+        BIN,
+        "tenant-models",
+        &support::kubeconfig_path().unwrap(),
+        &["-n", &ns.name, "--model-allowed-urls", &allowed],
+        &[],
+    );
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let names_the_list = |c: &Value, port: u16| {
+        let m = c["message"].as_str().unwrap_or_default();
+        c["status"] == "False"
+            && c["reason"] == "ModelUrlNotAllowed"
+            && m.contains(&format!(
+                "\"http://127.0.0.1:{port}/v1/chat/completions\" is not on the operator's \
+                 allow-list of URLs models may be called at (--model-allowed-urls, chart value \
+                 operator.modelAllowedUrls), which holds: {allowed}"
+            ))
+    };
+    for name in ["off", "inline-off"] {
+        let ready = wait_until(Duration::from_secs(60), "the session's Ready", || {
+            condition_of(&sessions, name, "Ready")
+        })
+        .await;
+        assert!(
+            names_the_list(&ready, bad),
+            "{name}: {ready}\n{}",
+            op.log_text()
+        );
+    }
+    let agents: Api<agents::api::Agent> = Api::namespaced(client.clone(), &ns.name);
+    let agent_ready = wait_until(Duration::from_secs(60), "the Agent's Ready", || async {
+        let a = agents.get("unlisted").await.ok()?;
+        let st = serde_json::to_value(a.status.as_ref()?).ok()?;
+        st["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+    })
+    .await;
+    assert!(names_the_list(&agent_ready, bad), "{agent_ready}");
+    let answer = |name: &'static str| {
+        let sessions = sessions.clone();
+        async move {
+            let s = sessions.get(name).await.ok()?;
+            let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+            (st["phase"] == "Succeeded").then(|| st["answer"].clone())
+        }
+    };
+    let done = wait_until(Duration::from_secs(60), "the listed session", || {
+        answer("ok")
+    })
+    .await;
+    assert_eq!(done, "from good");
+    // Pointed at a listed URL, the Agent's waiting session goes on.
+    agents
+        .patch(
+            "unlisted",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"model": {"openai": {"baseUrl": format!("http://127.0.0.1:{good}/v1")}}}})),
+        )
+        .await
+        .unwrap();
+    let done = wait_until(Duration::from_secs(60), "the mended session", || {
+        answer("off")
+    })
+    .await;
+    assert_eq!(done, "from good");
+    let still = condition_of(&sessions, "inline-off", "Ready")
+        .await
+        .unwrap();
+    assert!(names_the_list(&still, bad), "{still}");
+    assert!(
+        bad_paths.lock().unwrap().is_empty(),
+        "the unlisted model was called: {:?}",
+        bad_paths.lock().unwrap()
+    );
+    assert_eq!(good_paths.lock().unwrap().len(), 2);
+    drop(op);
+    ns.delete(&client).await;
+}
+
 /// One namespace's `runAsync` calls run at most
 /// `--max-background-runs-per-namespace` at once (each may hold a reply of
 /// up to 8 MiB in the operator); the others wait their turn and all end.

@@ -335,12 +335,23 @@ spec:
 }
 
 fn ask_once(port: u16) -> Result<agents::core::AgentTurn, agents::model::ModelError> {
+    ask_once_within(port, None)
+}
+
+/// One request from a client held to the model URL allow-list `allowed`.
+fn ask_once_within(
+    port: u16,
+    allowed: Option<&[&str]>,
+) -> Result<agents::core::AgentTurn, agents::model::ModelError> {
+    use agents::http::allow::{AllowedUrls, Purpose};
+    let list = allowed.map(|p| Arc::new(AllowedUrls::parse_for(Purpose::Models, p).unwrap()));
     let model = OpenAiModel::new(
         &format!("http://127.0.0.1:{port}/v1"),
         "m",
         Some("sk-test-123".into()),
         Duration::from_secs(30),
-    );
+    )
+    .with_allowed_urls(list);
     let turns = vec![Turn::User(UserTurn {
         message: Some("hi".into()),
         tool_results: vec![],
@@ -372,6 +383,47 @@ fn a_model_endpoint_cannot_redirect_the_key_to_another_host() {
     );
     assert!(other_seen.requests.lock().unwrap().is_empty());
     assert_eq!(seen.requests.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn a_model_off_the_operators_list_is_sent_nothing() {
+    let reply = r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#;
+    let (port, seen) = serve(move |path| match path {
+        "/v1/chat/completions" => Answer::Redirect("/elsewhere/chat/completions".into()),
+        _ => Answer::Small(200, "application/json", reply.into()),
+    });
+    // Off the list: refused before any request, for good, saying why.
+    let e = ask_once_within(port, Some(&["http://127.0.0.1:1/*"])).unwrap_err();
+    assert!(!e.retryable, "{e:?}");
+    assert!(
+        e.message.starts_with(&format!(
+            "\"http://127.0.0.1:{port}/v1/chat/completions\" is not on the operator's allow-list \
+             of URLs models may be called at (--model-allowed-urls, chart value \
+             operator.modelAllowedUrls)"
+        )) && e.message.contains("check spec.model.openai.baseUrl"),
+        "{e}"
+    );
+    assert!(seen.requests.lock().unwrap().is_empty());
+    // On the list, but redirected to a path off it: not followed.
+    let listed = format!("http://127.0.0.1:{port}/v1/*");
+    let e = ask_once_within(port, Some(&[listed.as_str()])).unwrap_err();
+    assert!(e.message.contains("which was not followed"), "{e}");
+    assert_eq!(seen.requests.lock().unwrap().len(), 1);
+    // A redirect within the list is followed.
+    let whole = format!("http://127.0.0.1:{port}/*");
+    let turn = ask_once_within(port, Some(&[whole.as_str()])).unwrap();
+    assert_eq!(turn.text.as_deref(), Some("hi"));
+    let paths: Vec<String> = seen
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.0.clone())
+        .collect();
+    assert_eq!(
+        paths[1..],
+        ["/v1/chat/completions", "/elsewhere/chat/completions"]
+    );
 }
 
 #[test]

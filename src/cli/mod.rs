@@ -86,6 +86,19 @@ pub struct OperatorArgs {
         value_name = "PATTERN"
     )]
     pub http_tool_allowed_urls: Vec<String>,
+    /// A URL pattern an OpenAI-compatible model may be called at (repeat,
+    /// or separate with commas), matched against
+    /// `spec.model.openai.baseUrl` + `/chat/completions`; default: any URL.
+    /// The same patterns as `--http-tool-allowed-urls`. An Agent whose
+    /// model is elsewhere is `Ready=False ModelUrlNotAllowed` and its
+    /// sessions wait, having sent nothing.
+    #[arg(
+        long = "model-allowed-urls",
+        env = "AGENTS_MODEL_ALLOWED_URLS",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    pub model_allowed_urls: Vec<String>,
     /// Where calls that wait for a person (an approval, an outside result)
     /// are announced, for agents without a `notify.webhook`: one JSON POST
     /// per wait (Slack-compatible). Default: nowhere.

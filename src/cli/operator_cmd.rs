@@ -1,7 +1,9 @@
 //! `agents operator`.
 
 use super::OperatorArgs;
+use crate::http::allow::{AllowedUrls, Purpose};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     // Logs are set up in `cli::main` (RUST_LOG, default info; AGENTS_LOG_FORMAT=json).
@@ -17,13 +19,8 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     job_defaults
         .limits
         .insert("memory".into(), args.job_memory_limit);
-    let http_tool_allowed_urls = if args.http_tool_allowed_urls.is_empty() {
-        None
-    } else {
-        let list = crate::http::allow::AllowedUrls::parse(&args.http_tool_allowed_urls)
-            .map_err(|e| anyhow::anyhow!("--http-tool-allowed-urls: {e}"))?;
-        Some(std::sync::Arc::new(list))
-    };
+    let http_tool_allowed_urls = allow_list(Purpose::HttpTools, &args.http_tool_allowed_urls)?;
+    let model_allowed_urls = allow_list(Purpose::Models, &args.model_allowed_urls)?;
     let metrics_addr = args.metrics_addr.parse().map_err(|e| {
         anyhow::anyhow!(
             "--metrics-addr {:?} is not an address like 0.0.0.0:8080: {e}",
@@ -60,8 +57,42 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         secrets_need_label: args.secrets_need_label,
         finished_session_ttl_seconds: args.finished_session_ttl_seconds,
         http_tool_allowed_urls,
+        model_allowed_urls,
         notify_webhook_url: args.notify_webhook_url.filter(|u| !u.is_empty()),
         approvals_page_url: args.approvals_page_url.filter(|u| !u.is_empty()),
     }))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The operator's list for `purpose` from its flag's patterns; none given:
+/// no list (any URL).
+fn allow_list(purpose: Purpose, patterns: &[String]) -> anyhow::Result<Option<Arc<AllowedUrls>>> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let list = AllowedUrls::parse_for(purpose, patterns)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", purpose.flag()))?;
+    Ok(Some(Arc::new(list)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_list_names_its_own_flag_and_none_means_any_url() {
+        assert!(allow_list(Purpose::Models, &[]).unwrap().is_none());
+        let e = allow_list(Purpose::Models, &["ftp://x/*".into()]).unwrap_err();
+        assert!(e.to_string().starts_with("--model-allowed-urls: "), "{e}");
+        let e = allow_list(Purpose::HttpTools, &["ftp://x/*".into()]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("--http-tool-allowed-urls: "),
+            "{e}"
+        );
+        let list = allow_list(Purpose::Models, &["https://api.openai.com/v1/*".into()])
+            .unwrap()
+            .unwrap();
+        assert!(list.allows_str("https://api.openai.com/v1/chat/completions"));
+        assert!(!list.allows_str("http://10.0.0.1/v1/chat/completions"));
+    }
 }

@@ -1,5 +1,7 @@
-//! The URLs http tools may call: the operator's allow-list
-//! (`--http-tool-allowed-urls`, chart value `operator.httpToolAllowedUrls`).
+//! The URLs the operator may call for a tenant: its allow-lists, one for
+//! http tools, MCP servers and webhooks (`--http-tool-allowed-urls`, chart
+//! value `operator.httpToolAllowedUrls`) and one for models
+//! (`--model-allowed-urls`, chart value `operator.modelAllowedUrls`).
 //! Unset, any URL may be called.
 //!
 //! A pattern is a URL with `*` in it: `https://api.internal.example/*`,
@@ -34,29 +36,73 @@
 use reqwest::Url;
 use std::net::Ipv4Addr;
 
-/// The operator flag that sets the list, for messages.
+/// The operator flag that sets the http tools' list, for messages.
 pub const FLAG: &str = "--http-tool-allowed-urls";
-/// The chart value that sets the list, for messages.
+/// The chart value that sets the http tools' list, for messages.
 pub const CHART_VALUE: &str = "operator.httpToolAllowedUrls";
 
-/// The URL patterns http tools may call. Empty lists are not built: no
-/// list means any URL.
+/// Which of the operator's lists a list is: its messages name its flag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Purpose {
+    /// http tools, MCP servers and notification webhooks.
+    #[default]
+    HttpTools,
+    /// The chat-completions endpoints of OpenAI-compatible models.
+    Models,
+}
+
+impl Purpose {
+    pub fn flag(self) -> &'static str {
+        match self {
+            Purpose::HttpTools => FLAG,
+            Purpose::Models => "--model-allowed-urls",
+        }
+    }
+
+    pub fn chart_value(self) -> &'static str {
+        match self {
+            Purpose::HttpTools => CHART_VALUE,
+            Purpose::Models => "operator.modelAllowedUrls",
+        }
+    }
+
+    /// What the list holds, for messages.
+    fn holds(self) -> &'static str {
+        match self {
+            Purpose::HttpTools => "URLs http tools may call",
+            Purpose::Models => "URLs models may be called at",
+        }
+    }
+}
+
+/// The URL patterns the operator may call for one purpose. Empty lists
+/// are not built: no list means any URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllowedUrls {
     patterns: Vec<UrlPattern>,
+    purpose: Purpose,
 }
 
 impl AllowedUrls {
-    /// The list of `patterns`, or an error naming the first bad one.
+    /// The http tools' list of `patterns`, or an error naming the first bad one.
     pub fn parse<S: AsRef<str>>(patterns: &[S]) -> Result<AllowedUrls, String> {
+        Self::parse_for(Purpose::HttpTools, patterns)
+    }
+
+    /// The list of `patterns` for `purpose`, or an error naming the first
+    /// bad one.
+    pub fn parse_for<S: AsRef<str>>(
+        purpose: Purpose,
+        patterns: &[S],
+    ) -> Result<AllowedUrls, String> {
         let patterns = patterns
             .iter()
             .map(|p| UrlPattern::parse(p.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         if patterns.is_empty() {
-            return Err("the allow-list of http tool URLs is empty".into());
+            return Err(format!("the allow-list of {} is empty", purpose.holds()));
         }
-        Ok(AllowedUrls { patterns })
+        Ok(AllowedUrls { patterns, purpose })
     }
 
     /// Whether `url` matches a pattern of the list.
@@ -86,10 +132,12 @@ impl AllowedUrls {
             ""
         };
         format!(
-            "{:?} is not on the operator's allow-list of URLs http tools may call \
-             ({FLAG}, chart value {CHART_VALUE}), which holds: {clipped}{more}; \
-             no request was sent to it",
-            super::clip(url, 300)
+            "{:?} is not on the operator's allow-list of {} ({}, chart value {}), \
+             which holds: {clipped}{more}; no request was sent to it",
+            super::clip(url, 300),
+            self.purpose.holds(),
+            self.purpose.flag(),
+            self.purpose.chart_value(),
         )
     }
 }
@@ -514,6 +562,15 @@ mod tests {
         );
         assert!(m.contains(FLAG) && m.contains(CHART_VALUE), "{m}");
         assert!(m.contains("which holds: https://a/*"), "{m}");
+        let models = AllowedUrls::parse_for(Purpose::Models, &["https://a/*"]).unwrap();
+        let m = models.not_listed("http://b/x");
+        assert!(
+            m.starts_with(
+                "\"http://b/x\" is not on the operator's allow-list of URLs models may be called at \
+                 (--model-allowed-urls, chart value operator.modelAllowedUrls)"
+            ),
+            "{m}"
+        );
     }
 
     #[test]

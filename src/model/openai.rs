@@ -14,10 +14,12 @@
 
 use super::{ModelError, ModelRequest};
 use crate::core::{AgentTurn, TokenUsage, ToolCall, Turn, UserTurn};
+use crate::http::allow::AllowedUrls;
 use crate::http::{self, clip};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The longest wait a `Retry-After` header can impose; a larger value is
@@ -48,6 +50,9 @@ pub struct OpenAiModel {
     pub timeout: Duration,
     api_key: Option<String>,
     http: reqwest::Client,
+    /// The operator's list of model URLs (`--model-allowed-urls`); none:
+    /// any URL.
+    allowed: Option<Arc<AllowedUrls>>,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -77,7 +82,41 @@ impl OpenAiModel {
             timeout,
             api_key: api_key.filter(|k| !k.is_empty()),
             http,
+            allowed: None,
         }
+    }
+
+    /// The client held to the operator's list of model URLs: an endpoint
+    /// off the list is never sent a request (nor the key), and a redirect
+    /// is followed only to a listed URL of the same origin.
+    pub fn with_allowed_urls(mut self, allowed: Option<Arc<AllowedUrls>>) -> Self {
+        if let Some(list) = &allowed {
+            self.http = reqwest::Client::builder()
+                .timeout(self.timeout)
+                .redirect(http::redirect_policy_within(list.clone()))
+                .build()
+                .expect("a default HTTP client builds");
+        }
+        self.allowed = allowed;
+        self
+    }
+
+    /// The client with the API key `key` (an empty one counts as none).
+    pub fn with_api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key.filter(|k| !k.is_empty());
+        self
+    }
+
+    /// The URL each request goes to.
+    pub fn url(&self) -> String {
+        format!("{}/chat/completions", self.base_url)
+    }
+
+    /// Why the operator's list refuses this client's URL, if it does.
+    pub fn url_not_allowed(&self) -> Option<String> {
+        let url = self.url();
+        let list = self.allowed.as_ref()?;
+        (!list.allows_str(&url)).then(|| list.not_listed(&url))
     }
 
     /// The request body: system prompt, then the turns; tool results go
@@ -138,7 +177,12 @@ impl OpenAiModel {
 
     /// One attempt; see the module doc for how failures are classified.
     pub async fn reply(&self, req: &ModelRequest<'_>) -> Result<AgentTurn, ModelError> {
-        let url = format!("{}/chat/completions", self.base_url);
+        if let Some(why) = self.url_not_allowed() {
+            return Err(ModelError::permanent(format!(
+                "{why}; check spec.model.openai.baseUrl"
+            )));
+        }
+        let url = self.url();
         let body = self.request_body(req);
         let key = self.api_key.as_deref();
         let mut request = self.http.post(&url).json(&body);

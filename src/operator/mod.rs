@@ -131,6 +131,10 @@ pub struct Options {
     /// any. A call to another fails with an error result; an Agent with
     /// such a tool is `Ready=False` ([`HTTP_TOOL_URL_NOT_ALLOWED`]).
     pub http_tool_allowed_urls: Option<Arc<crate::http::allow::AllowedUrls>>,
+    /// The URLs OpenAI-compatible models may be called at
+    /// (`--model-allowed-urls`); `None`: any. An Agent whose model is
+    /// elsewhere is not ready ([`MODEL_URL_NOT_ALLOWED`]).
+    pub model_allowed_urls: Option<Arc<crate::http::allow::AllowedUrls>>,
     /// Where waits for a person are announced for agents without a
     /// `notify.webhook` (`--notify-webhook-url`); `None`: nowhere.
     pub notify_webhook_url: Option<String>,
@@ -161,6 +165,7 @@ impl Default for Options {
             secrets_need_label: true,
             finished_session_ttl_seconds: None,
             http_tool_allowed_urls: None,
+            model_allowed_urls: None,
             notify_webhook_url: None,
             approvals_page_url: None,
         }
@@ -911,32 +916,7 @@ async fn prepare(
     agent.config.model_timeout_secs = model_timeout;
     let model = match spec.model.provider {
         ModelProvider::Scripted => agent.model.clone(),
-        ModelProvider::Openai => {
-            let o = spec.model.openai.as_ref().ok_or_else(|| NotReady {
-                reason: "InvalidAgent",
-                message: "spec.model.provider is openai but spec.model.openai is missing".into(),
-                recheck: INVALID_RECHECK,
-            })?;
-            let key = match &o.api_key_secret_ref {
-                None => None,
-                Some(r) => Some(
-                    read_secret(
-                        ctx,
-                        ns,
-                        &r.name,
-                        &r.key,
-                        "spec.model.openai.apiKeySecretRef",
-                    )
-                    .await?,
-                ),
-            };
-            ModelClient::OpenAi(OpenAiModel::new(
-                &o.base_url,
-                &o.model,
-                key,
-                Duration::from_secs(model_timeout),
-            ))
-        }
+        ModelProvider::Openai => openai_model(ctx, ns, spec, model_timeout).await?,
     };
     let (agent, mcp) = ready_tools(ctx, ns, agent).await?;
     let runtime = AgentRuntime {
@@ -952,6 +932,44 @@ async fn prepare(
         notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
         mcp,
     })
+}
+
+/// The OpenAI-compatible client of `spec`, held to the operator's list of
+/// model URLs; its key read from the session namespace's Secret, and only
+/// once the URL is known to be allowed.
+async fn openai_model(
+    ctx: &Context,
+    ns: &str,
+    spec: &crate::api::AgentSpec,
+    timeout_secs: u64,
+) -> Result<ModelClient, NotReady> {
+    let o = spec.model.openai.as_ref().ok_or_else(|| NotReady {
+        reason: "InvalidAgent",
+        message: "spec.model.provider is openai but spec.model.openai is missing".into(),
+        recheck: INVALID_RECHECK,
+    })?;
+    let client = OpenAiModel::new(
+        &o.base_url,
+        &o.model,
+        None,
+        Duration::from_secs(timeout_secs),
+    )
+    .with_allowed_urls(ctx.options.model_allowed_urls.clone());
+    if let Some(why) = client.url_not_allowed() {
+        return Err(NotReady {
+            reason: MODEL_URL_NOT_ALLOWED,
+            message: format!("spec.model.openai.baseUrl: {why}"),
+            recheck: INVALID_RECHECK,
+        });
+    }
+    let key = match &o.api_key_secret_ref {
+        None => None,
+        Some(r) => {
+            let what = "spec.model.openai.apiKeySecretRef";
+            Some(read_secret(ctx, ns, &r.name, &r.key, what).await?)
+        }
+    };
+    Ok(ModelClient::OpenAi(client.with_api_key(key)))
 }
 
 /// The agent's tools made ready to run here: their Secrets read (and
@@ -1002,6 +1020,11 @@ async fn ready_tools(
 /// a URL the operator's allow-list does not hold. Sessions of the agent
 /// still run; each call of that tool fails with an error result.
 pub const HTTP_TOOL_URL_NOT_ALLOWED: &str = "HttpToolUrlNotAllowed";
+
+/// The reason of an Agent's (and its sessions') `Ready=False` when its
+/// model's URL is off the operator's list: no request goes to it, and its
+/// sessions wait until the Agent or the list changes.
+pub const MODEL_URL_NOT_ALLOWED: &str = "ModelUrlNotAllowed";
 
 /// The label that makes a Secret usable by the agents of its namespace
 /// (unless the operator runs with `--secrets-need-label=false`).

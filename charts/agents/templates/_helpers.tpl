@@ -82,6 +82,9 @@ app.kubernetes.io/component: operator
 {{- range .Values.operator.httpToolAllowedUrls }}
 - {{ printf "--http-tool-allowed-urls=%s" . | quote }}
 {{- end }}
+{{- range .Values.operator.modelAllowedUrls }}
+- {{ printf "--model-allowed-urls=%s" . | quote }}
+{{- end }}
 {{- with .Values.operator.notifyWebhookUrl }}
 - {{ printf "--notify-webhook-url=%s" . | quote }}
 {{- end }}
