@@ -700,7 +700,7 @@ spec:
     };
     let session = |name: &str, agent: &str| {
         format!(
-            "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: {name}}}\n\
+            "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: \"{name}\"}}\n\
              spec: {{messages: [hi], {agent}}}\n"
         )
     };
