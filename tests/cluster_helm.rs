@@ -323,6 +323,7 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
         "--allowed-tool-image=*",
         "--agents-image=agents.local/agents:ci",
         "--job-active-deadline-seconds=600",
+        "--job-ttl-seconds-after-finished=3600",
         "--model-timeout-seconds=120",
     ] {
         assert!(args.iter().any(|a| a == want), "no {want} in {args:?}");

@@ -273,3 +273,131 @@ spec:
     );
     assert_eq!(job_of().len(), 1, "resuming ran nothing again");
 }
+
+/// The Jobs of the namespace as JSON items.
+fn jobs_of(ns: &str) -> Vec<serde_json::Value> {
+    let jobs = kubectl_ok(["get", "jobs", "-n", ns, "-o", "json"]);
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+    jobs["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// A namespace whose ResourceQuota allows one Job: of two isolated calls,
+/// the second's Job is refused (403, exceeded quota). That is a wait, not
+/// the tool's failure: the session says so in a QuotaExceeded Event, and
+/// once the first Job is gone the second is created and both calls
+/// succeed. (Before, the refusal became the call's error result, called
+/// an RBAC problem.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_resource_quota_holds_a_job_until_there_is_room() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let Some(image) = support::agents_image() else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "quota").await;
+    support::apply(
+        &ns.name,
+        r#"
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: one-job}
+spec: {hard: {count/jobs.batch: "1"}}
+"#,
+    );
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let _op = operator(&ns.name, &kubeconfig, &image, "q");
+    support::apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: quota}}
+spec:
+  messages: ["both"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: first, arguments: {{}}}}
+              - {{name: second, arguments: {{}}}}
+          - text: both ran
+    tools:
+      - name: first
+        container: {{image: {BUSYBOX_IMAGE}, command: ["/bin/sh", "-c", "echo one"]}}
+      - name: second
+        container: {{image: {BUSYBOX_IMAGE}, command: ["/bin/sh", "-c", "echo two"]}}
+    policy: {{default: runIsolated}}
+"#
+        ),
+    );
+    // One Job runs to its end; the other call waits for room.
+    let mut done = None;
+    for _ in 0..240 {
+        let jobs = jobs_of(&ns.name);
+        assert!(jobs.len() <= 1, "the quota holds one Job: {jobs:?}");
+        done = jobs
+            .iter()
+            .find(|j| j["status"]["succeeded"] == 1)
+            .map(|j| j["metadata"]["name"].as_str().unwrap().to_string());
+        if done.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let done = done.expect("the first Job completed");
+    let events = || {
+        kubectl_ok([
+            "get",
+            "events",
+            "-n",
+            &ns.name,
+            "--field-selector",
+            "reason=QuotaExceeded,involvedObject.name=quota",
+            "-o",
+            "jsonpath={.items[*].note}{.items[*].message}",
+        ])
+    };
+    let mut said = String::new();
+    for _ in 0..60 {
+        said = events();
+        if !said.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert!(
+        said.contains("waits for room in the namespace's ResourceQuota")
+            && said.contains("exceeded quota"),
+        "a QuotaExceeded Event says why the call waits: {said:?}"
+    );
+    // Room again: the held call's Job is created on the next look.
+    kubectl_ok(["delete", "job", &done, "-n", &ns.name, "--wait=true"]);
+    let out = kubectl([
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "session/quota",
+        "--timeout=120s",
+    ]);
+    let status = kubectl_ok(["get", "session", "quota", "-n", &ns.name, "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}\n{status}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let results = &status["status"]["turns"][2]["toolResults"];
+    for (i, text) in [(0, "one"), (1, "two")] {
+        assert_eq!(results[i]["result"]["status"], "success", "{results}");
+        assert_eq!(
+            results[i]["result"]["response"]["content"], text,
+            "{results}"
+        );
+    }
+}

@@ -122,6 +122,11 @@ pub struct OperatorArgs {
     /// activeDeadlineSeconds; also runSync and runAsync tools).
     #[arg(long, default_value_t = 300)]
     pub job_active_deadline_seconds: u64,
+    /// How long a tool Job stays once its call's result is recorded (its
+    /// ttlSecondsAfterFinished): for its logs, and counted by a namespace's
+    /// ResourceQuota on Jobs until it goes. 0 to 604800 (a week).
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(i32).range(0..=604_800))]
+    pub job_ttl_seconds_after_finished: i32,
     /// Model call timeout for agents that set no `spec.model.timeoutSeconds`.
     #[arg(long)]
     pub model_timeout_seconds: Option<u64>,

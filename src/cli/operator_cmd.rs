@@ -13,6 +13,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     let mut job_defaults = crate::runner::job::JobDefaults {
         service_account: args.tool_service_account,
         allowed_images: (!args.allowed_tool_images.is_empty()).then_some(args.allowed_tool_images),
+        ttl_seconds_after_finished: args.job_ttl_seconds_after_finished,
         ..Default::default()
     };
     job_defaults.limits.insert("cpu".into(), args.job_cpu_limit);

@@ -11,7 +11,8 @@ use kube::runtime::events::{Event, EventType};
 /// An Event note holds at most 1 kB.
 const MAX_NOTE: usize = 1000;
 
-fn note(s: String) -> Option<String> {
+/// `s`, cut to what an Event note holds.
+pub fn note(s: String) -> Option<String> {
     if s.len() <= MAX_NOTE {
         return Some(s);
     }

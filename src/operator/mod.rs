@@ -1160,7 +1160,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         task_cancel::Hold::Step { held } => held,
         task_cancel::Hold::Going => return Ok(Action::await_change()),
     };
-    let (step, progress) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
+    let (step, progress, quota) = step_session(&ctx, &session, &ns, &store, &resolved).await?;
     let id = SessionId(name.clone());
     let settled = store.settle(&id, &step.state).await?;
     task_cancel::keep_finalizer(&ctx, &session, &ns, &step.state, uses_mcp, held).await?;
@@ -1171,6 +1171,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         .expect("failures")
         .remove(&format!("{ns}/{name}"));
     report_step(&ctx, &session, &step, progress);
+    let quota_retry = quota.map(|why| held_by_quota(&ctx, &session, why));
     // Waits for a person are announced once each (a marker in the
     // Continuation's status); a failed POST is retried after a backoff.
     let retry_notify = match (&resolved.notify, &step.outcome) {
@@ -1187,10 +1188,11 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         wrote = step.writes > 0 || settled,
         "step"
     );
+    let look_again = [retry_notify, quota_retry].into_iter().flatten().min();
     Ok(report::requeue(
         &step.outcome,
         ttl,
-        retry_notify,
+        look_again,
         SystemClock.now(),
     ))
 }
@@ -1293,15 +1295,32 @@ async fn report_not_ready(
     Ok(Action::requeue(not_ready.recheck))
 }
 
-/// The engine step over the cluster's ports; returns its report and what
-/// it observed.
+/// A call's Job waits for the namespace's ResourceQuota: said in a
+/// Warning Event (repeats fold into its series), and looked at again soon.
+fn held_by_quota(ctx: &Context, session: &Session, why: String) -> Duration {
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "QuotaExceeded".into(),
+        note: events::note(format!(
+            "an isolated call waits for room in the namespace's ResourceQuota, tried again every {} s until the call's timeout: {why}",
+            crate::runner::job::QUOTA_RETRY.as_secs()
+        )),
+        action: "CreateJob".into(),
+        secondary: None,
+    };
+    publish(ctx, &session.object_ref(&()), event);
+    crate::runner::job::QUOTA_RETRY
+}
+
+/// The engine step over the cluster's ports; returns its report, what it
+/// observed, and why a ResourceQuota held a call's Job, if one did.
 async fn step_session(
     ctx: &Context,
     session: &Session,
     ns: &str,
     store: &KubeStore,
     resolved: &Resolved,
-) -> Result<(engine::StepReport, Vec<Progress>), Error> {
+) -> Result<(engine::StepReport, Vec<Progress>, Option<String>), Error> {
     let progress: Mutex<Vec<Progress>> = Mutex::new(Vec::new());
     let observer = |p: &Progress| progress.lock().expect("progress").push(p.clone());
     let model = AgentModel(&resolved.model);
@@ -1322,7 +1341,8 @@ async fn step_session(
     };
     let id = SessionId(session.name_any());
     let report = engine::step(&ports, &id, &resolved.runtime, &ctx.holder, roles).await?;
-    Ok((report, progress.into_inner().expect("progress")))
+    let quota = runner.jobs.as_ref().and_then(|j| j.held_by_quota());
+    Ok((report, progress.into_inner().expect("progress"), quota))
 }
 
 /// Metrics and Events for what a step did; a wait already announced is not

@@ -139,19 +139,20 @@ fn deferred_as(waiting_for: WaitingFor) -> &'static str {
 
 /// When to look at the session again. A finished one kept for `ttl`
 /// seconds is looked at once its status says when it finished; a
-/// notification to retry comes back no later than `retry_notify`;
+/// notification to retry, or a Job held by a quota, comes back no later
+/// than `look_again`;
 /// otherwise at the engine's time ([`requeue_after`]).
 pub fn requeue(
     outcome: &StepOutcome,
     ttl: Option<u64>,
-    retry_notify: Option<Duration>,
+    look_again: Option<Duration>,
     now: Millis,
 ) -> Action {
     let finished = matches!(
         outcome,
         StepOutcome::Succeeded { .. } | StepOutcome::Failed { .. }
     );
-    match (ttl, retry_notify) {
+    match (ttl, look_again) {
         (Some(secs), _) if finished => Action::requeue(Duration::from_secs(secs.max(1))),
         (_, Some(retry)) => {
             Action::requeue(requeue_after(outcome, now).map_or(retry, |d| d.min(retry)))

@@ -46,8 +46,12 @@
 //! same error.
 //!
 //! API errors that may pass (the server unreachable, a conflict, throttling)
-//! give `InFlight`: nothing was decided, call again later. Errors that will
-//! not pass (forbidden, invalid) give an error result naming the fix.
+//! give `InFlight`: nothing was decided, call again later. So does a
+//! namespace's ResourceQuota refusing the Job (or its envelope ConfigMap):
+//! the runner remembers why ([`JobRunner::held_by_quota`]) so that its
+//! driver says so and asks again soon ([`QUOTA_RETRY`]), until the call's
+//! timeout. Errors that will not pass (forbidden, invalid) give an error
+//! result naming the fix.
 
 use super::check_var_name;
 use super::wrapper_protocol::{result_from_log, sha256_hex, ResultInLog, TERMINATION_LOG};
@@ -62,6 +66,7 @@ use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The reading side of the wrapper's protocol, which this runner uses.
@@ -259,6 +264,23 @@ pub struct JobRunner {
     namespace: String,
     agents_image: String,
     defaults: JobDefaults,
+    /// The last ResourceQuota refusal this runner met (one per namespace).
+    held: Arc<Mutex<Option<String>>>,
+}
+
+/// How soon a call whose Job a ResourceQuota refused is tried again.
+pub const QUOTA_RETRY: Duration = Duration::from_secs(10);
+
+/// The API server's words when a namespace's ResourceQuota refused a
+/// create: a 403 that passes once the namespace frees room (a Job ends and
+/// goes, a quota is raised), unlike a 403 from RBAC.
+fn exceeded_quota(e: &kube::Error) -> Option<&str> {
+    match e {
+        kube::Error::Api(s) if s.code == 403 && s.message.contains("exceeded quota") => {
+            Some(&s.message)
+        }
+        _ => None,
+    }
 }
 
 /// Why `start` did not decide: an API error that may pass.
@@ -296,7 +318,25 @@ impl JobRunner {
             namespace: namespace.into(),
             agents_image: agents_image.into(),
             defaults,
+            held: Default::default(),
         }
+    }
+
+    /// Why a ResourceQuota refused a Job of this runner, if one did: the
+    /// call waits, and is tried again (see [`QUOTA_RETRY`]).
+    pub fn held_by_quota(&self) -> Option<String> {
+        self.held.lock().expect("held").clone()
+    }
+
+    /// A create failed: a quota's refusal is a wait, remembered; anything
+    /// else is judged by [`api_failure`].
+    fn create_failed(&self, what: &str, e: kube::Error) -> RunStatus {
+        let Some(message) = exceeded_quota(&e) else {
+            return api_failure(what, e);
+        };
+        tracing::warn!(namespace = %self.namespace, error = %message, "{what}: the namespace's ResourceQuota is full; the call waits and is tried again");
+        *self.held.lock().expect("held") = Some(format!("{what}: {message}"));
+        RunStatus::InFlight
     }
 
     pub fn namespace(&self) -> &str {
@@ -307,6 +347,7 @@ impl JobRunner {
     pub fn with_namespace(&self, namespace: impl Into<String>) -> JobRunner {
         JobRunner {
             namespace: namespace.into(),
+            held: Default::default(),
             ..self.clone()
         }
     }
@@ -558,7 +599,7 @@ impl JobRunner {
                 Ok(None) => RunStatus::InFlight,
                 Err(e) => api_failure(&format!("reading Job {name}"), e),
             },
-            Err(e) => api_failure(&format!("creating Job {name}"), e),
+            Err(e) => self.create_failed(&format!("creating Job {name}"), e),
         }
     }
 
@@ -635,7 +676,7 @@ impl JobRunner {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 Step::Go(EnvelopeSource::ConfigMap(name.to_string()))
             }
-            Err(e) => Step::Done(api_failure(&format!("creating ConfigMap {name}"), e)),
+            Err(e) => Step::Done(self.create_failed(&format!("creating ConfigMap {name}"), e)),
         }
     }
 
@@ -1379,6 +1420,30 @@ mod tests {
             "{e}"
         );
         assert_eq!(r.with_namespace("other").namespace(), "other");
+    }
+
+    #[test]
+    fn a_quotas_refusal_is_told_apart_from_rbacs() {
+        let forbidden = |message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            )
+        };
+        let quota = forbidden(
+            "jobs.batch \"q-t1-c1-a0\" is forbidden: exceeded quota: one-job, requested: \
+             count/jobs.batch=1, used: count/jobs.batch=1, limited: count/jobs.batch=1",
+        );
+        assert!(exceeded_quota(&quota).is_some_and(|m| m.contains("limited: count/jobs.batch=1")));
+        let rbac = forbidden("jobs.batch is forbidden: User \"x\" cannot create resource \"jobs\"");
+        assert_eq!(exceeded_quota(&rbac), None);
+        let invalid = kube::Error::Api(
+            kube::core::Status::failure("exceeded quota", "Invalid")
+                .with_code(422)
+                .boxed(),
+        );
+        assert_eq!(exceeded_quota(&invalid), None);
     }
 
     #[test]

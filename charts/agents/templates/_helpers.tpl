@@ -94,6 +94,9 @@ app.kubernetes.io/component: operator
 - {{ printf "--job-cpu-limit=%v" .Values.operator.jobDefaults.cpuLimit | quote }}
 - {{ printf "--job-memory-limit=%v" .Values.operator.jobDefaults.memoryLimit | quote }}
 - --job-active-deadline-seconds={{ .Values.operator.jobDefaults.activeDeadlineSeconds | int }}
+{{- if hasKey .Values.operator.jobDefaults "ttlSecondsAfterFinished" }}
+- --job-ttl-seconds-after-finished={{ .Values.operator.jobDefaults.ttlSecondsAfterFinished | int }}
+{{- end }}
 - --model-timeout-seconds={{ .Values.operator.modelTimeoutSeconds | int }}
 {{- with .Values.operator.resyncSeconds }}
 - --resync-seconds={{ . | int }}
