@@ -272,11 +272,16 @@ pub struct JobRunner {
 pub const QUOTA_RETRY: Duration = Duration::from_secs(10);
 
 /// The API server's words when a namespace's ResourceQuota refused a
-/// create: a 403 that passes once the namespace frees room (a Job ends and
-/// goes, a quota is raised), unlike a 403 from RBAC.
+/// create for now: a 403 that passes once the namespace frees room (a Job
+/// ends and goes, a quota is raised) or once a new quota's usage is
+/// counted ("status unknown"), unlike a 403 from RBAC.
 fn exceeded_quota(e: &kube::Error) -> Option<&str> {
     match e {
-        kube::Error::Api(s) if s.code == 403 && s.message.contains("exceeded quota") => {
+        kube::Error::Api(s)
+            if s.code == 403
+                && (s.message.contains("exceeded quota:")
+                    || s.message.contains("status unknown for quota:")) =>
+        {
             Some(&s.message)
         }
         _ => None,
@@ -291,6 +296,14 @@ enum Step<T> {
 
 fn api_failure(what: &str, e: kube::Error) -> RunStatus {
     match &e {
+        // A quota that will not pass by waiting ("failed quota: ... must
+        // specify limits.cpu"): the namespace's rule, not RBAC.
+        kube::Error::Api(s) if s.code == 403 && s.message.contains("quota") => {
+            RunStatus::Finished(ToolResult::error(format!(
+                "{what}: the namespace's ResourceQuota refuses it: {}",
+                s.message
+            )))
+        }
         kube::Error::Api(s) if s.code == 403 => RunStatus::Finished(ToolResult::error(format!(
             "{what}: forbidden: {}; the operator's service account needs the RBAC rules of the chart \
              (jobs, pods, pods/log, configmaps, continuations)",
@@ -1438,6 +1451,29 @@ mod tests {
         assert!(exceeded_quota(&quota).is_some_and(|m| m.contains("limited: count/jobs.batch=1")));
         let rbac = forbidden("jobs.batch is forbidden: User \"x\" cannot create resource \"jobs\"");
         assert_eq!(exceeded_quota(&rbac), None);
+        let counting = forbidden(
+            "jobs.batch \"j\" is forbidden: status unknown for quota: one-job, resources: count/jobs.batch",
+        );
+        assert!(exceeded_quota(&counting).is_some());
+        // A quota that waiting will not satisfy is an error result, named
+        // as the quota's, not RBAC's.
+        let unmet = forbidden("pods \"p\" is forbidden: failed quota: q: must specify limits.cpu");
+        assert_eq!(exceeded_quota(&unmet), None);
+        let RunStatus::Finished(ToolResult::Error { message }) =
+            api_failure("creating Job j", unmet)
+        else {
+            panic!("an error result")
+        };
+        assert!(
+            message.contains("the namespace's ResourceQuota refuses it: pods"),
+            "{message}"
+        );
+        let RunStatus::Finished(ToolResult::Error { message }) =
+            api_failure("creating Job j", rbac)
+        else {
+            panic!("an error result")
+        };
+        assert!(message.contains("RBAC rules"), "{message}");
         let invalid = kube::Error::Api(
             kube::core::Status::failure("exceeded quota", "Invalid")
                 .with_code(422)
