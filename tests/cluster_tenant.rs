@@ -565,16 +565,7 @@ spec:
     let ready = wait_until(
         Duration::from_secs(60),
         "the agent's Ready condition",
-        || async {
-            let a = agents.get("fetcher").await.ok()?;
-            let st = serde_json::to_value(a.status.as_ref()?).ok()?;
-            let c = st["conditions"]
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "Ready")?
-                .clone();
-            Some(c)
-        },
+        || async { condition_in(agents.get("fetcher").await.ok()?.status.as_ref(), "Ready") },
     )
     .await;
     assert_eq!(ready["status"], "False", "{ready}\n{}", op.log_text());
@@ -661,15 +652,20 @@ fn model_server(tag: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
     (server.port, paths)
 }
 
-/// The status condition `kind` of a session, once it has one.
-async fn condition_of(sessions: &Api<Session>, name: &str, kind: &str) -> Option<Value> {
-    let s = sessions.get(name).await.ok()?;
-    let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+/// The condition `kind` in a status (a Session's or an Agent's), once it
+/// has one.
+fn condition_in<S: serde::Serialize>(status: Option<&S>, kind: &str) -> Option<Value> {
+    let st = serde_json::to_value(status?).ok()?;
     st["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
         .cloned()
+}
+
+/// The status condition `kind` of a session, once it has one.
+async fn condition_of(sessions: &Api<Session>, name: &str, kind: &str) -> Option<Value> {
+    condition_in(sessions.get(name).await.ok()?.status.as_ref(), kind)
 }
 
 /// The operator's list of model URLs (`--model-allowed-urls`) holds one
@@ -750,13 +746,7 @@ spec:
     }
     let agents: Api<agents::api::Agent> = Api::namespaced(client.clone(), &ns.name);
     let agent_ready = wait_until(Duration::from_secs(60), "the Agent's Ready", || async {
-        let a = agents.get("unlisted").await.ok()?;
-        let st = serde_json::to_value(a.status.as_ref()?).ok()?;
-        st["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .cloned()
+        condition_in(agents.get("unlisted").await.ok()?.status.as_ref(), "Ready")
     })
     .await;
     assert!(names_the_list(&agent_ready, bad), "{agent_ready}");

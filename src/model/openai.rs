@@ -70,12 +70,8 @@ impl OpenAiModel {
     /// `base_url` is the API root (`https://api.openai.com/v1`); `timeout`
     /// bounds each request. An empty key counts as no key.
     pub fn new(base_url: &str, model: &str, api_key: Option<String>, timeout: Duration) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            // Never to another host: the API key goes with each request.
-            .redirect(http::redirect_policy())
-            .build()
-            .expect("a default HTTP client builds");
+        // Never to another host: the API key goes with each request.
+        let http = http_client(timeout, http::redirect_policy());
         OpenAiModel {
             base_url: base_url.trim_end_matches('/').to_string(),
             model: model.to_string(),
@@ -91,11 +87,7 @@ impl OpenAiModel {
     /// is followed only to a listed URL of the same origin.
     pub fn with_allowed_urls(mut self, allowed: Option<Arc<AllowedUrls>>) -> Self {
         if let Some(list) = &allowed {
-            self.http = reqwest::Client::builder()
-                .timeout(self.timeout)
-                .redirect(http::redirect_policy_within(list.clone()))
-                .build()
-                .expect("a default HTTP client builds");
+            self.http = http_client(self.timeout, http::redirect_policy_within(list.clone()));
         }
         self.allowed = allowed;
         self
@@ -253,6 +245,15 @@ impl OpenAiModel {
             ModelError::retryable(format!("POST {url} failed: {}", error_chain(e)))
         }
     }
+}
+
+/// The client of every request: `timeout` on each, redirects by `policy`.
+fn http_client(timeout: Duration, policy: reqwest::redirect::Policy) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(policy)
+        .build()
+        .expect("a default HTTP client builds")
 }
 
 /// The user's messages in a turn, in order. The one place that knows how

@@ -11,8 +11,7 @@ use kube::runtime::events::{Event, EventType};
 /// An Event note holds at most 1 kB.
 const MAX_NOTE: usize = 1000;
 
-/// `s`, cut to what an Event note holds.
-pub fn note(s: String) -> Option<String> {
+fn note(s: String) -> Option<String> {
     if s.len() <= MAX_NOTE {
         return Some(s);
     }
@@ -26,7 +25,7 @@ pub fn note(s: String) -> Option<String> {
 /// The recorder folds Events with the same reason and action into one
 /// series that shows only the first note, so actions name their subject
 /// (the turn, the call): each model reply and each result stays visible.
-fn event(type_: EventType, reason: &str, action: &str, text: String) -> Event {
+pub fn event(type_: EventType, reason: &str, action: &str, text: String) -> Event {
     Event {
         type_,
         reason: reason.into(),

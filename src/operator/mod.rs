@@ -1298,16 +1298,15 @@ async fn report_not_ready(
 /// A call's Job waits for the namespace's ResourceQuota: said in a
 /// Warning Event (repeats fold into its series), and looked at again soon.
 fn held_by_quota(ctx: &Context, session: &Session, why: String) -> Duration {
-    let event = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Warning,
-        reason: "QuotaExceeded".into(),
-        note: events::note(format!(
+    let event = events::event(
+        kube::runtime::events::EventType::Warning,
+        "QuotaExceeded",
+        "CreateJob",
+        format!(
             "an isolated call waits for room in the namespace's ResourceQuota, tried again every {} s until the call's timeout: {why}",
             crate::runner::job::QUOTA_RETRY.as_secs()
-        )),
-        action: "CreateJob".into(),
-        secondary: None,
-    };
+        ),
+    );
     publish(ctx, &session.object_ref(&()), event);
     crate::runner::job::QUOTA_RETRY
 }
