@@ -4,9 +4,10 @@
 //! Agent's status (names, schemas, the revision spoken); a Session of the
 //! agent calls one tool runSync and one runAsync, with a header from an
 //! opted-in Secret, and succeeds with both results; an `isError` result
-//! reaches the model as an error; the README's example Agent works as
-//! written (but for the port); a server whose URL the operator's
-//! allow-list does not hold makes its Agent not Ready, and is never asked.
+//! reaches the model as an error; the book's example Agent
+//! (docs/src/tools/mcp.md) works as written (but for the port); a server
+//! whose URL the operator's allow-list does not hold makes its Agent not
+//! Ready, and is never asked.
 
 mod support;
 
@@ -212,9 +213,10 @@ spec:
         assert_eq!(c["protocolVersion"], "2026-07-28");
     }
 
-    // The README's example, as written but for the server's port, works.
-    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
-    let section = &readme[readme.find("## MCP tools").unwrap()..];
+    // The book's example (docs/src/tools/mcp.md), as written but for the server's port, works.
+    let chapter =
+        std::fs::read_to_string(support::repo_root().join("docs/src/tools/mcp.md")).unwrap();
+    let section = &chapter[chapter.find("# MCP tools").unwrap()..];
     let example = section
         .split("```yaml\n")
         .nth(1)

@@ -1,6 +1,7 @@
 //! The `agents` command line (also `kubectl agents` when installed as the
 //! kubectl plugin `kubectl-agents`).
 
+mod docs_cmd;
 mod logging;
 mod operator_cmd;
 pub use crate::standalone::out;
@@ -49,6 +50,10 @@ pub enum Command {
     /// Inside a tool Job's container: run the tool's command with the call
     /// envelope on stdin and report its result (used by the Job runner).
     ToolExec(tool_exec::ToolExecArgs),
+    /// Render documentation generated from this binary: `docs crd-reference`
+    /// prints the book's CRD reference (docs/src/crd-reference.md).
+    #[command(subcommand)]
+    Docs(docs_cmd::DocsCommand),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -400,6 +405,7 @@ pub fn main() -> ExitCode {
         Command::Operator(args) => operator_cmd::run(*args),
         Command::Ui(args) => ui::run(args),
         Command::ToolExec(args) => return tool_exec::run(args),
+        Command::Docs(cmd) => docs_cmd::run(cmd),
     };
     match result {
         Ok(code) => code,
