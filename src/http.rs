@@ -11,7 +11,19 @@
 //!   [`ERROR_BODY_BYTES`], enough to quote it;
 //! - a response head is bounded by hyper's HTTP/1 parser (at most 100
 //!   headers in about 400 KiB; a larger head fails the request), and
-//!   neither HTTP/2 nor response decompression is compiled in;
+//!   HTTP/2 is not compiled in;
+//! - replies are asked for uncompressed (`Accept-Encoding: identity`,
+//!   [`client_builder`]). One sent compressed anyway is decoded here,
+//!   while it streams, when it is `gzip` or `deflate`: the cap counts the
+//!   decoded bytes (and the bytes sent), so a small reply that inflates
+//!   to a GiB stops at the cap. Any other encoding (`br`, `zstd`, two
+//!   stacked) is an error that names it ([`BodyError::Unsupported`]);
+//!   compressed bytes are never handed on as if they were the reply.
+//!   reqwest's own decompression is not used: it asks every server for
+//!   compression, passes encodings it does not know through as bytes, and
+//!   hides from the cap which encoding inflated the reply. Brotli is not
+//!   decoded: its decoder may take a 16 MiB window for any reply, however
+//!   small, more than most of the caps here;
 //! - redirects are followed only within the origin (scheme, host and port)
 //!   of the URL asked, at most [`MAX_REDIRECTS`] times, so a server cannot
 //!   bounce the runtime, and the secret headers it sends, to another host
@@ -22,6 +34,7 @@
 //!   ([`redirect_policy_within`]).
 
 pub mod allow;
+mod decode;
 
 use reqwest::redirect::{Attempt, Policy};
 use reqwest::Response;
@@ -79,36 +92,155 @@ pub fn redirect_refused(method_url: &str, response: &Response) -> String {
     )
 }
 
+/// A client builder for every client here: it asks for replies
+/// uncompressed (see the module doc).
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::ACCEPT_ENCODING,
+        reqwest::header::HeaderValue::from_static("identity"),
+    );
+    reqwest::Client::builder().default_headers(headers)
+}
+
 /// A body read up to a limit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limited {
-    /// At most the limit's bytes, from the start of the body.
+    /// At most the limit's bytes, from the start of the (decoded) body.
     pub bytes: Vec<u8>,
     /// More followed (or was announced) that was not read.
     pub cut: bool,
+    /// The `Content-Encoding` it was decoded from; `None`: sent as is.
+    pub encoding: Option<&'static str>,
 }
 
-/// Reads `response`'s body, keeping at most `limit` bytes; once more
-/// arrives, stops reading (the rest is never received) and marks the body
-/// cut. Memory stays within `limit` plus one chunk, whatever the server
+/// Why a body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("{0}")]
+    Transport(#[from] reqwest::Error),
+    /// A `Content-Encoding` not decoded here; nothing of the body was read.
+    #[error(
+        "the reply is encoded as {0:?} (Content-Encoding), which is not decoded here: \
+         replies are asked for uncompressed (Accept-Encoding: identity), and gzip and \
+         deflate are decoded; have the server answer uncompressed"
+    )]
+    Unsupported(String),
+    /// The body says it is `encoding` but does not decode as such.
+    #[error("the reply does not decode as {encoding} (its Content-Encoding): {why}")]
+    Undecodable { encoding: &'static str, why: String },
+}
+
+/// Reads `response`'s body, keeping at most `limit` bytes (decoded, when
+/// the server compressed it); once more arrives, stops reading (the rest
+/// is never received) and marks the body cut. Memory stays within `limit`
+/// plus one chunk (and a decoder's 32 KiB window), whatever the server
 /// sends or announces.
-pub async fn read_at_most(response: &mut Response, limit: usize) -> reqwest::Result<Limited> {
+pub async fn read_at_most(response: &mut Response, limit: usize) -> Result<Limited, BodyError> {
     let announced = response.content_length();
     let capacity = announced.map_or(8 * 1024, |n| n.min(limit as u64) as usize);
+    let mut reader = BodyReader::new(response, limit)?;
     let mut out = Limited {
         bytes: Vec::with_capacity(capacity),
         cut: false,
+        encoding: reader.encoding(),
     };
-    while let Some(chunk) = response.chunk().await? {
-        let room = limit - out.bytes.len();
-        if chunk.len() > room {
-            out.bytes.extend_from_slice(&chunk[..room]);
-            out.cut = true;
-            break;
+    loop {
+        match reader.next(response).await? {
+            Piece::Data(data) => out.bytes.extend_from_slice(&data),
+            Piece::Over => {
+                out.cut = true;
+                return Ok(out);
+            }
+            Piece::End => return Ok(out),
         }
-        out.bytes.extend_from_slice(&chunk);
     }
-    Ok(out)
+}
+
+/// A piece of a body from [`BodyReader::next`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// The next bytes, decoded.
+    Data(Vec<u8>),
+    /// The body goes on past the limit (decoded, or as sent); nothing more
+    /// is read.
+    Over,
+    /// The body ended within the limit.
+    End,
+}
+
+/// A response body read as it streams, decoded from its
+/// `Content-Encoding`, and at most `limit` bytes of it: the decoded bytes
+/// and, for a compressed body, the bytes sent too.
+pub struct BodyReader {
+    decoder: Option<decode::Decoder>,
+    limit: usize,
+    /// Decoded bytes handed out.
+    given: usize,
+    /// Bytes received, compressed.
+    sent: usize,
+    over: bool,
+}
+
+impl BodyReader {
+    /// A reader of `response`'s body, or the error naming an encoding
+    /// that is not decoded here.
+    pub fn new(response: &Response, limit: usize) -> Result<BodyReader, BodyError> {
+        Ok(BodyReader {
+            decoder: decode::Decoder::for_response(response)?,
+            limit,
+            given: 0,
+            sent: 0,
+            over: false,
+        })
+    }
+
+    /// The encoding it decodes; `None`: the body comes as is.
+    pub fn encoding(&self) -> Option<&'static str> {
+        self.decoder.as_ref().map(decode::Decoder::name)
+    }
+
+    /// The next piece of the decoded body.
+    pub async fn next(&mut self, response: &mut Response) -> Result<Piece, BodyError> {
+        loop {
+            if self.over {
+                return Ok(Piece::Over);
+            }
+            let room = self.limit - self.given;
+            let chunk = response.chunk().await?;
+            let data = match (&mut self.decoder, chunk) {
+                (None, None) => return Ok(Piece::End),
+                (None, Some(chunk)) => chunk.to_vec(),
+                (Some(decoder), None) => {
+                    let rest = decoder.finish(room)?;
+                    if rest.is_empty() {
+                        return Ok(Piece::End);
+                    }
+                    rest
+                }
+                (Some(decoder), Some(chunk)) => {
+                    self.sent += chunk.len();
+                    if self.sent > self.limit {
+                        self.over = true;
+                        continue;
+                    }
+                    decoder.push(&chunk, room)?
+                }
+            };
+            if data.len() > room {
+                self.over = true;
+            }
+            let data = if self.over {
+                data[..room].to_vec()
+            } else {
+                data
+            };
+            self.given += data.len();
+            if !data.is_empty() {
+                return Ok(Piece::Data(data));
+            }
+        }
+    }
 }
 
 /// Why a body was refused, for a message: `what` is "an http tool's reply"
@@ -119,6 +251,9 @@ pub enum TooLarge {
     Announced(u64),
     /// More than the cap arrived; reading stopped there.
     Streamed,
+    /// A compressed reply (`gzip`, `deflate`) decoded, or sent, to more
+    /// than the cap; decoding stopped there.
+    Decoded(&'static str),
 }
 
 impl TooLarge {
@@ -134,23 +269,27 @@ impl TooLarge {
                 "sent a reply of more than {cap} bytes ({}), the most {what} may hold; reading stopped there and the reply was dropped",
                 human(cap)
             ),
+            TooLarge::Decoded(encoding) => format!(
+                "sent a {encoding}-compressed reply of more than {cap} bytes ({}) once decoded (or as sent), the most {what} may hold; decoding stopped there and the reply was dropped",
+                human(cap)
+            ),
         }
     }
 }
 
-/// Reads a success body whole, if it is at most `cap` bytes.
+/// Reads a success body whole (decoded), if it is at most `cap` bytes.
 pub async fn read_capped(
     response: &mut Response,
     cap: usize,
-) -> reqwest::Result<Result<Vec<u8>, TooLarge>> {
+) -> Result<Result<Vec<u8>, TooLarge>, BodyError> {
     if let Some(n) = response.content_length().filter(|n| *n > cap as u64) {
         return Ok(Err(TooLarge::Announced(n)));
     }
     let body = read_at_most(response, cap).await?;
-    Ok(if body.cut {
-        Err(TooLarge::Streamed)
-    } else {
-        Ok(body.bytes)
+    Ok(match (body.cut, body.encoding) {
+        (false, _) => Ok(body.bytes),
+        (true, None) => Err(TooLarge::Streamed),
+        (true, Some(encoding)) => Err(TooLarge::Decoded(encoding)),
     })
 }
 
@@ -344,6 +483,136 @@ pub(crate) mod tests {
             .await
             .unwrap_err();
         assert!(format!("{e:?}").contains("Parse(TooLarge)"), "{e:?}");
+    }
+
+    /// Serves every connection with `head` and then `body`, its first
+    /// byte alone (a decoder must wait for more before it can tell).
+    async fn serve_bytes(head: String, body: Vec<u8>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let (head, body) = (head.clone(), body.clone());
+                tokio::spawn(async move {
+                    read_request(&mut sock).await;
+                    let _ = sock.write_all(head.as_bytes()).await;
+                    let (first, rest) = body.split_at(body.len().min(1));
+                    let _ = sock.write_all(first).await;
+                    let _ = sock.flush().await;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    let _ = sock.write_all(rest).await;
+                });
+            }
+        });
+        format!("http://127.0.0.1:{port}/")
+    }
+
+    fn encoded(encoding: &str) -> String {
+        format!("HTTP/1.1 200 OK\r\ncontent-encoding: {encoding}\r\nconnection: close\r\n\r\n")
+    }
+
+    fn compress(kind: &str, data: &[u8]) -> Vec<u8> {
+        use flate2::write::{DeflateEncoder, GzEncoder, ZlibEncoder};
+        use std::io::Write;
+        let level = flate2::Compression::default();
+        match kind {
+            "gzip" => {
+                let mut e = GzEncoder::new(Vec::new(), level);
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+            "zlib" => {
+                let mut e = ZlibEncoder::new(Vec::new(), level);
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+            _ => {
+                let mut e = DeflateEncoder::new(Vec::new(), level);
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn compressed_bodies_are_decoded_and_the_cap_counts_decoded_bytes() {
+        let json = br#"{"text": "hello"}"#.repeat(1000);
+        let cases = [
+            ("gzip", "gzip", "gzip"),
+            ("x-gzip", "gzip", "gzip"),
+            ("identity, gzip", "gzip", "gzip"),
+            ("deflate", "zlib", "deflate"),
+            ("deflate", "raw", "deflate"),
+        ];
+        for (header, kind, name) in cases {
+            let url = serve_bytes(encoded(header), compress(kind, &json)).await;
+            let mut r = client().get(&url).send().await.unwrap();
+            let body = read_capped(&mut r, 1 << 20).await.unwrap();
+            assert_eq!(body.as_deref(), Ok(&json[..]), "{header} ({kind})");
+            let mut r = client().get(&url).send().await.unwrap();
+            let cut = read_at_most(&mut r, 100).await.unwrap();
+            assert_eq!(cut.bytes, json[..100], "{header} ({kind})");
+            assert!(cut.cut && cut.encoding == Some(name), "{header}: {cut:?}");
+            let mut r = client().get(&url).send().await.unwrap();
+            assert_eq!(
+                read_capped(&mut r, json.len() - 1).await.unwrap(),
+                Err(TooLarge::Decoded(name))
+            );
+        }
+        let message = TooLarge::Decoded("gzip").describe("an http tool's reply", 1 << 20);
+        assert!(
+            message.starts_with(
+                "sent a gzip-compressed reply of more than 1048576 bytes (1 MiB) once decoded"
+            ),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn encodings_not_decoded_here_are_named_and_garbage_is_refused() {
+        for (header, named) in [("br", "br"), ("gzip, br", "gzip, br"), ("zstd", "zstd")] {
+            let url = serve_bytes(encoded(header), b"\x28\xb5\x2f\xfd".to_vec()).await;
+            let mut r = client().get(&url).send().await.unwrap();
+            match read_at_most(&mut r, 1024).await {
+                Err(e @ BodyError::Unsupported(_)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(&format!("encoded as {named:?} (Content-Encoding)")),
+                        "{text}"
+                    );
+                }
+                other => panic!("{header}: {other:?}"),
+            }
+        }
+        let url = serve_bytes(encoded("gzip"), b"plain text, not gzip".to_vec()).await;
+        let mut r = client().get(&url).send().await.unwrap();
+        match read_capped(&mut r, 1024).await {
+            Err(BodyError::Undecodable {
+                encoding: "gzip", ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Every client here asks for replies uncompressed.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let asked = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let request = read_request(&mut sock).await;
+            let _ = sock
+                .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                .await;
+            String::from_utf8_lossy(&request).to_ascii_lowercase()
+        });
+        let c = client_builder().build().unwrap();
+        c.get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap();
+        let request = asked.await.unwrap();
+        assert!(
+            request.contains("accept-encoding: identity\r\n"),
+            "{request}"
+        );
     }
 
     #[test]

@@ -52,6 +52,11 @@ enum Answer {
     Announced(u16, &'static str),
     /// A redirect to this location.
     Redirect(String),
+    /// A small reply in this `Content-Encoding`, its bytes as given.
+    Encoded(&'static str, Vec<u8>),
+    /// A gzip bomb: 1 MiB on the wire that inflates to 1 GiB of zeros,
+    /// chunked.
+    GzipBomb,
 }
 
 /// A server on 127.0.0.1 answering every request by `route(path)`; one
@@ -76,6 +81,7 @@ fn serve(route: impl Fn(&str) -> Answer + Send + Sync + 'static) -> (u16, Arc<Se
 }
 
 fn answer(answer: Answer, seen: Arc<Seen>) -> Response {
+    let bomb_seen = seen.clone();
     // 64 KiB of filler, written until the total or until the peer hangs up.
     let filler = move |out: &mut dyn Write| {
         let filler = vec![b'x'; 64 * 1024];
@@ -99,6 +105,66 @@ fn answer(answer: Answer, seen: Arc<Seen>) -> Response {
             .header("Content-Type", content_type)
             .header("Content-Length", HUGE.to_string()),
         Answer::Redirect(location) => Response::new(307, "").header("Location", location),
+        Answer::Encoded(encoding, body) => Response::new(200, body)
+            .header("Content-Type", "application/json")
+            .header("Content-Encoding", encoding),
+        Answer::GzipBomb => {
+            let bomb = move |out: &mut dyn Write| {
+                let (head, block, tail) = gzip_bomb_parts();
+                out.write_all(&head)?;
+                for _ in 0..BOMB_BLOCKS {
+                    out.write_all(&block)?;
+                    bomb_seen
+                        .sent
+                        .fetch_add(block.len() as u64, Ordering::Relaxed);
+                }
+                out.write_all(&tail)
+            };
+            Response::stream(200, true, bomb)
+                .header("Content-Type", "application/json")
+                .header("Content-Encoding", "gzip")
+        }
+    }
+}
+
+/// Blocks of [`gzip_bomb_parts`] in the bomb: each inflates to 1 MiB.
+const BOMB_BLOCKS: usize = 1024;
+
+/// A gzip stream of 1 GiB of zeros in three parts: the gzip header, a
+/// deflate block run that inflates to 1 MiB (about 1 KiB of it, repeated
+/// [`BOMB_BLOCKS`] times: each run ends on a byte boundary and refers
+/// only to zeros), and the final block with the trailer (CRC-32 and size).
+fn gzip_bomb_parts() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    use flate2::write::DeflateEncoder;
+    let zeros = vec![0u8; MIB as usize];
+    let mut encoder = DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(&zeros).unwrap();
+    encoder.flush().unwrap(); // a sync flush: non-final blocks, byte-aligned
+    let block = encoder.get_ref().clone();
+    let head = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
+    let mut one = flate2::Crc::new();
+    one.update(&zeros);
+    let mut all = flate2::Crc::new();
+    for _ in 0..BOMB_BLOCKS {
+        all.combine(&one);
+    }
+    // The final block: fixed Huffman codes, end of block only.
+    let mut tail = vec![0x03, 0x00];
+    tail.extend_from_slice(&all.sum().to_le_bytes());
+    tail.extend_from_slice(&all.amount().to_le_bytes());
+    (head, block, tail)
+}
+
+fn compressed(json: &str, gzip: bool) -> Vec<u8> {
+    let level = flate2::Compression::default();
+    if gzip {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+        e.write_all(json.as_bytes()).unwrap();
+        e.finish().unwrap()
+    } else {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+        e.write_all(json.as_bytes()).unwrap();
+        e.finish().unwrap()
     }
 }
 
@@ -289,6 +355,97 @@ spec:
     assert!(requests
         .iter()
         .all(|(_, h)| h.contains("x-api-key: s3cret-token")));
+}
+
+#[test]
+fn compressed_http_tool_replies_are_decoded_within_the_cap_or_refused() {
+    let (port, seen) = serve(|path| match path {
+        "/gzip" => Answer::Encoded("gzip", compressed(r#"{"unzipped": 1}"#, true)),
+        "/deflate" => Answer::Encoded("deflate", compressed(r#"{"inflated": 2}"#, false)),
+        "/bomb" => Answer::GzipBomb,
+        "/br" => Answer::Encoded("br", vec![0x8b, 0x02, 0x80, b'{', b'}', 0x03]),
+        _ => Answer::Small(200, "text/plain", "?".into()),
+    });
+    let s = Scratch::new("compressed-http");
+    let tools: String = ["gzip", "deflate", "bomb", "br"]
+        .iter()
+        .map(|n| {
+            format!("\n      - name: {n}\n        http: {{url: \"http://127.0.0.1:{port}/{n}\"}}")
+        })
+        .collect();
+    let file = s.write(
+        "compressed.yaml",
+        &format!(
+            r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: squeezed}}
+spec:
+  messages: ["go"]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+          - toolCalls:
+              - {{name: gzip, arguments: {{}}}}
+              - {{name: deflate, arguments: {{}}}}
+              - {{name: bomb, arguments: {{}}}}
+              - {{name: br, arguments: {{}}}}
+          - text: survived
+    tools:{tools}
+"#
+        ),
+    );
+    let args = ["run", "-f", &file.display().to_string()];
+    let child = s
+        .cmd(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let m = measure(child, &args);
+    assert!(m.run.ok().contains("answer: survived"), "{}", m.run.stdout);
+    assert_bounded(&m, "compressed http tools");
+    // Decoding stopped at the cap: 8 MiB decoded is 8 KiB of the bomb sent
+    // (and what loopback buffers took in before the hang-up).
+    let sent = seen.sent.load(Ordering::Relaxed);
+    assert!(sent < 16 * MIB, "the bomb sent {} MiB", sent / MIB);
+
+    let shown = s.run(&["session", "show", "squeezed"]);
+    let shown = shown.ok();
+    let result = |call: &str| {
+        shown
+            .lines()
+            .find(|l| l.contains(&format!("result {call} ")))
+            .unwrap_or_else(|| panic!("no result {call}:\n{shown}"))
+            .to_string()
+    };
+    assert!(result("t1-c0").contains(r#"{"unzipped":1}"#), "{shown}");
+    assert!(result("t1-c1").contains(r#"{"inflated":2}"#), "{shown}");
+    let bomb = result("t1-c2");
+    assert!(
+        bomb.contains(&format!(
+            "error: POST http://127.0.0.1:{port}/bomb sent a gzip-compressed reply of more than {MAX_REPLY_BYTES} bytes (8 MiB) once decoded (or as sent), the most an http tool's reply may hold; decoding stopped there"
+        )),
+        "{bomb}"
+    );
+    let br = result("t1-c3");
+    assert!(
+        br.contains(
+            r#"the reply is encoded as "br" (Content-Encoding), which is not decoded here"#
+        ),
+        "{br}"
+    );
+    // Replies are asked for uncompressed.
+    let requests = seen.requests.lock().unwrap();
+    assert_eq!(requests.len(), 4, "one request per call");
+    assert!(
+        requests
+            .iter()
+            .all(|(_, h)| h.contains("accept-encoding: identity\r\n")),
+        "{requests:?}"
+    );
 }
 
 #[test]

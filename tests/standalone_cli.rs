@@ -481,3 +481,32 @@ fn a_result_that_starts_like_json_but_is_broken_is_refused_and_nothing_is_stored
     ])
     .ok();
 }
+
+#[test]
+fn the_result_file_may_follow_the_token_as_the_plan_writes_it() {
+    let s = Scratch::new("positional-result");
+    let file = quickstart(&s);
+    s.run(&["run", "-f", &file]).ok();
+    let result = s.write("result.json", r#"{"type":"text","content":"filed"}"#);
+    let result = result.display().to_string();
+
+    let both = s.run(&[
+        "session",
+        "complete",
+        "quickstart-t1-c1",
+        &result,
+        "--result-file",
+        &result,
+    ]);
+    let err = both.fails_with("the result file is given twice");
+    assert!(err.contains("give it once"), "{err}");
+
+    let done = s.run(&["session", "complete", "quickstart-t1-c1", &result]);
+    assert!(done.ok().contains("completed quickstart-t1-c1"));
+    let show = s.run(&["session", "show", "quickstart", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(show.ok()).unwrap();
+    assert_eq!(
+        v["continuations"][0]["result"]["response"]["content"], "filed",
+        "{v}"
+    );
+}

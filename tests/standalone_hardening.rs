@@ -419,3 +419,49 @@ fn bad_names_are_refused_before_anything_runs() {
     ])
     .fails_with("reserved");
 }
+
+// ---- 6. deep nesting -----------------------------------------------------------
+
+/// A Session whose agent's `params` nest `deep`ly.
+fn nested_session(params: &str) -> String {
+    format!(
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: deep}}\nspec:\n  \
+         messages: [go]\n  agent:\n    model: {{provider: scripted}}\n    params:\n{params}\n"
+    )
+}
+
+#[test]
+fn a_file_nested_100000_deep_is_refused_at_once_saying_why() {
+    let s = Scratch::new("deep");
+    let n = 100_000;
+    let flow = format!("      {}{}", "[".repeat(n), "]".repeat(n));
+    let dashes = format!("      {}x", "- ".repeat(n));
+    // Indentation costs a file its square: fewer levels, still far too many.
+    let indented: String = (0..3_000)
+        .map(|i| format!("{}k:\n", " ".repeat(6 + i)))
+        .collect();
+    let json = format!(
+        r#"{{"apiVersion": "agents-exe.io/v1alpha1", "kind": "Session", "metadata": {{"name": "deep"}},
+            "spec": {{"messages": ["go"], "agent": {{"params": {}1{}}}}}}}"#,
+        r#"{"a": "#.repeat(n),
+        "}".repeat(n)
+    );
+    for (name, text) in [
+        ("flow.yaml", nested_session(&flow)),
+        ("dashes.yaml", nested_session(&dashes)),
+        ("indented.yaml", nested_session(&indented)),
+        ("deep.json", json),
+    ] {
+        let file = s.write(name, &text);
+        let started = Instant::now();
+        let run = s.run(&["run", "-f", file.to_str().unwrap()]);
+        let took = started.elapsed();
+        let msg = run.fails_with("nested more than 128 levels deep");
+        assert!(msg.contains(name) && msg.contains("Flatten it"), "{msg}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{name}: refused after {took:?}"
+        );
+        assert!(!s.path("agents.db").exists(), "{name}: nothing is stored");
+    }
+}

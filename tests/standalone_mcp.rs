@@ -477,3 +477,10 @@ spec:
     assert_eq!(updates.len(), 1, "{updates:?}");
     assert_eq!(updates[0]["inputResponses"]["q1"]["content"]["ok"], true);
 }
+
+#[test]
+fn the_server_answers_before_its_url_is_handed_out() {
+    // Its first 1.5 s it answers 503, as a server still starting does.
+    let server = McpServer::start_with_env("ready", &["--json"], &[("MCP_NOT_READY_MS", "1500")]);
+    assert_eq!(support::mcp::answers_initialize(server.port), Ok(()));
+}

@@ -301,9 +301,17 @@ pub enum SessionCommand {
     Complete {
         /// The continuation token (see `agents session pending`).
         token: String,
+        /// A file holding the result, as `--result-file` takes it (the
+        /// plan's `agents session complete TOKEN RESULT_FILE`).
+        #[arg(value_name = "RESULT_FILE", conflicts_with = "text")]
+        result_file_arg: Option<PathBuf>,
         /// A file holding the result: a tool response as JSON
         /// (`{"type":"text","content":"..."}`), a result envelope, or plain text.
-        #[arg(long, conflicts_with = "text", required_unless_present = "text")]
+        #[arg(
+            long,
+            conflicts_with = "text",
+            required_unless_present_any = ["text", "result_file_arg"]
+        )]
         result_file: Option<PathBuf>,
         /// The result as plain text.
         #[arg(long)]
@@ -487,5 +495,7 @@ mod tests {
             "f"
         ])
         .is_err());
+        assert!(parse(&["agents", "session", "complete", "tok", "result.json"]).is_ok());
+        assert!(parse(&["agents", "session", "complete", "tok", "f", "--text", "x"]).is_err());
     }
 }

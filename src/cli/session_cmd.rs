@@ -87,13 +87,14 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         } => commands::retry(&session, &sel(&store), output(o)).await,
         SessionCommand::Complete {
             token,
+            result_file_arg,
             result_file,
             text,
             error,
             by,
             store,
         } => {
-            let raw = result_text(result_file, text)?;
+            let raw = result_text(one_result_file(result_file_arg, result_file)?, text)?;
             let result = commands::parse_result(&raw, &ContinuationToken(token.clone()), error)?;
             commands::complete(&token, result, by.as_deref(), &sel(&store)).await
         }
@@ -133,6 +134,24 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             )
             .await
         }
+    }
+}
+
+/// The result file, given after the token (as the plan writes it) or
+/// with `--result-file`, but not both: two files would leave it unclear
+/// which result is meant.
+fn one_result_file(
+    positional: Option<std::path::PathBuf>,
+    flag: Option<std::path::PathBuf>,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    match (positional, flag) {
+        (Some(a), Some(b)) => anyhow::bail!(
+            "the result file is given twice, as {} after the token and as --result-file {}; \
+             give it once, either way",
+            a.display(),
+            b.display()
+        ),
+        (a, b) => Ok(a.or(b)),
     }
 }
 

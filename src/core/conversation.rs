@@ -219,3 +219,57 @@ pub struct ToolSchema {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
 }
+
+/// The most messages a Session's `spec.messages` holds. The Session CRD's
+/// schema (`maxItems`) carries the same number: a test compares them.
+pub const MAX_USER_MESSAGES: usize = 500;
+
+/// The most characters (Unicode scalar values, as the API server counts a
+/// schema's `maxLength`) one message of `spec.messages` holds.
+pub const MAX_USER_MESSAGE_CHARS: usize = 32768;
+
+/// Checks `messages` against the Session CRD's bounds, so a driver with no
+/// API server in front of it (standalone) refuses what a cluster would: an
+/// error names the first message out of bounds, by its index, and the limit.
+pub fn check_user_messages(messages: &[String]) -> Result<(), String> {
+    if messages.len() > MAX_USER_MESSAGES {
+        return Err(format!(
+            "spec.messages holds {} messages, more than the {MAX_USER_MESSAGES} a Session may \
+             hold (as in a cluster); start a new session with a summary of this one",
+            messages.len()
+        ));
+    }
+    for (i, message) in messages.iter().enumerate() {
+        // Counting stops past the limit: a huge message costs no more.
+        if message.chars().take(MAX_USER_MESSAGE_CHARS + 1).count() > MAX_USER_MESSAGE_CHARS {
+            return Err(format!(
+                "spec.messages[{i}] is longer than {MAX_USER_MESSAGE_CHARS} characters, the most \
+                 one message may hold (as in a cluster); shorten it, or split it over several \
+                 messages"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod message_bounds {
+    use super::*;
+
+    #[test]
+    fn messages_within_the_bounds_pass_and_the_first_past_them_is_named() {
+        let at_limit = "é".repeat(MAX_USER_MESSAGE_CHARS);
+        let ok = vec![at_limit.clone(); MAX_USER_MESSAGES];
+        assert_eq!(check_user_messages(&ok), Ok(()));
+        let mut long = vec!["hi".to_string(), at_limit.clone(), at_limit + "x"];
+        let e = check_user_messages(&long).unwrap_err();
+        assert!(
+            e.starts_with("spec.messages[2] is longer than 32768"),
+            "{e}"
+        );
+        long.truncate(1);
+        let many = vec!["hi".to_string(); MAX_USER_MESSAGES + 1];
+        let e = check_user_messages(&many).unwrap_err();
+        assert!(e.contains("holds 501 messages, more than the 500"), "{e}");
+    }
+}

@@ -213,14 +213,21 @@ impl OpenAiModel {
                         http::ERROR_BODY_BYTES
                     };
                     match http::read_at_most(&mut response, limit).await {
-                        Err(e) => Err(self.transport_error(&url, &e)),
+                        Err(http::BodyError::Transport(e)) => Err(self.transport_error(&url, &e)),
+                        // A reply this client cannot read now, it cannot read again.
+                        Err(e) => Err(ModelError::permanent(format!(
+                            "POST {url} answered {status}, but {e}; check spec.model.openai.baseUrl"
+                        ))),
                         Ok(body) if body.cut && status.is_success() => Err(too_long(
                             &url,
                             status,
                             &format!(
-                                "sent a reply of more than {MAX_MODEL_REPLY_BYTES} bytes ({} MiB), \
+                                "sent a reply of more than {MAX_MODEL_REPLY_BYTES} bytes ({} MiB){}, \
                                  the most a model reply may hold; reading stopped there",
-                                MAX_MODEL_REPLY_BYTES >> 20
+                                MAX_MODEL_REPLY_BYTES >> 20,
+                                body.encoding
+                                    .map(|e| format!(" once {e}-decoded (or as sent)"))
+                                    .unwrap_or_default()
                             ),
                         )),
                         Ok(body) => classify(&url, status, retry_after, &body.bytes, body.cut, key),
@@ -249,7 +256,7 @@ impl OpenAiModel {
 
 /// The client of every request: `timeout` on each, redirects by `policy`.
 fn http_client(timeout: Duration, policy: reqwest::redirect::Policy) -> reqwest::Client {
-    reqwest::Client::builder()
+    http::client_builder()
         .timeout(timeout)
         .redirect(policy)
         .build()

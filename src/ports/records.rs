@@ -214,6 +214,10 @@ pub enum StoreError {
     /// `--store sqlite:nope/x/agents.db` where `nope/x` does not exist.
     #[error("the store {path} cannot be opened: the directory {dir} does not exist; create that directory first, or give another path with --store sqlite:PATH")]
     NoDirectory { path: String, dir: String },
+    /// The path, or a file SQLite keeps beside it (`-wal`, `-shm`,
+    /// `-journal`), is not a regular file: `why` names which and what it is.
+    #[error("the store {path} cannot be opened: {why}")]
+    Unusable { path: String, why: String },
     /// The continuation takes no result now (see [`ContinuationRecord::not_accepting`]).
     #[error("{token} does not accept a result: {why}")]
     NotAccepting {

@@ -34,6 +34,11 @@ pub fn load_file(path: &Path) -> Result<Definition, DefinitionError> {
 }
 
 pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
+    // Before the parser, which takes time out of proportion on deep nesting.
+    super::yaml_depth::check(text).map_err(|e| DefinitionError::Semantic {
+        path: path.to_string(),
+        why: e.to_string(),
+    })?;
     let mut sessions = Vec::new();
     let mut agents = Vec::new();
     for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
@@ -77,7 +82,10 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
         }
         match kind {
             "Session" => {
-                sessions.push((name, strict::<SessionSpec>(spec, "spec").map_err(invalid)?))
+                let spec = strict::<SessionSpec>(spec, "spec").map_err(invalid)?;
+                // The API server's schema bounds them in a cluster; here, this.
+                crate::core::conversation::check_user_messages(&spec.messages).map_err(invalid)?;
+                sessions.push((name, spec))
             }
             "Agent" => agents.push((name, strict::<AgentSpec>(spec, "spec").map_err(invalid)?)),
             other => {
@@ -298,6 +306,42 @@ spec:
         assert!(e.contains("Agent name \"Helper\""), "{e}");
         let e = parse("kind: [", "f.yaml").unwrap_err().to_string();
         assert!(e.contains("f.yaml"), "{e}");
+    }
+
+    #[test]
+    fn messages_are_bounded_as_the_crd_bounds_them() {
+        use crate::core::conversation::{MAX_USER_MESSAGES, MAX_USER_MESSAGE_CHARS};
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(crate::api::Session::crd()).unwrap();
+        let messages = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["spec"]["properties"]["messages"];
+        assert_eq!(messages["maxItems"], MAX_USER_MESSAGES, "{messages}");
+        assert_eq!(
+            messages["items"]["maxLength"], MAX_USER_MESSAGE_CHARS,
+            "{messages}"
+        );
+
+        let long = "x".repeat(MAX_USER_MESSAGE_CHARS + 1);
+        let text = GOOD.replace(r#"["hello"]"#, &format!(r#"["hello", "{long}"]"#));
+        let e = parse(&text, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("f.yaml: document 2: spec.messages[1] is longer than 32768 characters"),
+            "{}",
+            crate::http::clip(&e, 300)
+        );
+        let many = vec!["\"m\""; MAX_USER_MESSAGES + 1].join(", ");
+        let text = GOOD.replace(r#"["hello"]"#, &format!("[{many}]"));
+        let e = parse(&text, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("spec.messages holds 501 messages, more than the 500"),
+            "{e}"
+        );
+        let most = vec!["\"m\""; MAX_USER_MESSAGES].join(", ");
+        parse(
+            &GOOD.replace(r#"["hello"]"#, &format!("[{most}]")),
+            "f.yaml",
+        )
+        .unwrap();
     }
 
     /// Every policy field, set, in an inline agent: the sample the typo

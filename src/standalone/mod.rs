@@ -4,6 +4,7 @@
 //! | module | holds |
 //! |---|---|
 //! | [`definition`] | YAML (`Session` + `Agent`) to an agent definition, with strict field checks; secrets from the environment |
+//! | [`yaml_depth`] | the nesting bound a definition file is checked against before it is parsed |
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
 //! | [`out`] | stdout that a closed pipe never stops |
@@ -16,5 +17,6 @@ pub mod definition;
 pub mod driver;
 pub mod out;
 pub mod progress;
+pub mod yaml_depth;
 
 pub use driver::{drive, DriveOptions, Outcome};

@@ -94,6 +94,7 @@ impl SqliteStore {
                 dir: dir.display().to_string(),
             });
         }
+        regular_files(&path)?;
         if path.exists() && !(writable(&path) && writable(&dir)) {
             return Self::open_read_only_with_timeout(&path, busy_timeout);
         }
@@ -152,6 +153,7 @@ impl SqliteStore {
         busy_timeout: Duration,
     ) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
+        regular_files(&path)?;
         let mut shm = path.clone().into_os_string();
         shm.push("-shm");
         let shared = Path::new(&shm).exists();
@@ -314,7 +316,7 @@ impl SqliteStore {
                 why: "the database file is corrupt".into(),
             },
             Some(ErrorCode::ReadOnly) => StoreError::ReadOnly { path },
-            _ => StoreError::Backend(e.to_string()),
+            _ => StoreError::Backend(format!("{path}: {e}")),
         }
     }
 
@@ -339,6 +341,63 @@ impl SqliteStore {
             }
         }
     }
+}
+
+/// The files SQLite keeps beside a database, by suffix.
+const SIDE_FILES: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// Refuses a store whose path, or a file SQLite keeps beside it, exists
+/// and is no regular file, before SQLite opens any: a FIFO would block the
+/// open for ever, and a directory in place of `-wal` or `-shm` fails later
+/// as a bare "disk I/O error" or as a read-only store, neither of which
+/// names the culprit. Symbolic links are followed, as SQLite follows them.
+fn regular_files(path: &Path) -> StoreResult<()> {
+    let display = path.display().to_string();
+    let unusable = |why: String| StoreError::Unusable {
+        path: display.clone(),
+        why,
+    };
+    if let Some(kind) = not_a_regular_file(path) {
+        return Err(unusable(format!(
+            "it is {kind}, not a file; give the path of a store file (or of a new one) with \
+             --store sqlite:PATH"
+        )));
+    }
+    for suffix in SIDE_FILES {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        let side = PathBuf::from(side);
+        if let Some(kind) = not_a_regular_file(&side) {
+            return Err(unusable(format!(
+                "{} is {kind}, where SQLite keeps a file of the store ({suffix}); move it \
+                 out of the way (SQLite creates the file itself)",
+                side.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What `path` is, when it exists and is not a regular file.
+fn not_a_regular_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::metadata(path).ok()?.file_type();
+    let what = if kind.is_file() {
+        return None;
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else {
+        "no regular file"
+    };
+    Some(what)
 }
 
 /// The directory holding `path` (`.` for a bare file name).
@@ -781,6 +840,76 @@ mod tests {
         ));
         let _ = std::fs::remove_file(&p);
         p
+    }
+
+    /// Opens `path` on a thread, so a store that blocks the open fails
+    /// the test instead of hanging it.
+    fn open_within_a_second(path: &Path) -> StoreResult<SqliteStore> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(SqliteStore::open(&path));
+        });
+        rx.recv_timeout(Duration::from_secs(1))
+            .expect("the open answers within a second")
+    }
+
+    fn refusal(path: &Path) -> String {
+        match open_within_a_second(path) {
+            Ok(_) => panic!("{} was opened as a store", path.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_directory_where_sqlite_keeps_its_wal_or_shm_is_named() {
+        for suffix in ["-wal", "-shm"] {
+            let db = temp_db("side");
+            SqliteStore::open(&db).unwrap();
+            for s in SIDE_FILES {
+                let _ = std::fs::remove_file(format!("{}{s}", db.display()));
+            }
+            let side = PathBuf::from(format!("{}{suffix}", db.display()));
+            std::fs::create_dir(&side).unwrap();
+            let e = refusal(&db);
+            assert!(
+                e.contains(&format!("{} is a directory", side.display()))
+                    && e.contains("move it out of the way")
+                    && !e.contains("read-only"),
+                "{e}"
+            );
+            std::fs::remove_dir(&side).unwrap();
+            SqliteStore::open(&db).unwrap();
+            let _ = std::fs::remove_file(&db);
+        }
+    }
+
+    #[test]
+    fn a_fifo_a_socket_or_a_device_is_refused_at_once() {
+        let fifo = temp_db("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = refusal(&fifo);
+        assert!(e.contains("is a FIFO (named pipe), not a file"), "{e}");
+        assert!(e.contains(&fifo.display().to_string()), "{e}");
+        let _ = std::fs::remove_file(&fifo);
+
+        let socket = temp_db("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let e = refusal(&socket);
+        assert!(e.contains("is a socket, not a file"), "{e}");
+        let _ = std::fs::remove_file(&socket);
+
+        let e = refusal(Path::new("/dev/null"));
+        assert!(
+            e.contains("/dev/null") && e.contains("a character device"),
+            "{e}"
+        );
+        let e = SqliteStore::open_read_only(Path::new("/dev/null"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("a character device"), "{e}");
     }
 
     fn now_nanos() -> u32 {

@@ -504,7 +504,7 @@ pub(crate) fn http_client(
         Some(list) => http::redirect_policy_within(list),
         None => http::redirect_policy(),
     };
-    reqwest::Client::builder().redirect(policy).build()
+    http::client_builder().redirect(policy).build()
 }
 
 pub(crate) fn check_header(h: &EnvVarSpec) -> Result<(), String> {
@@ -711,6 +711,8 @@ mod tests {
             sorted,
             [
                 "accept",
+                // identity: replies are asked for uncompressed (crate::http).
+                "accept-encoding",
                 "authorization",
                 "content-length",
                 "content-type",

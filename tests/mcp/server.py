@@ -30,6 +30,9 @@ Every call is appended as one JSON line to $MCP_CALL_LOG when it is set, with
 the protocol version it came under, the idempotency key in its `_meta` and the
 X-Team / Authorization headers (stdio: none), so tests can see what ran, under which revision, with which
 headers.
+
+MCP_NOT_READY_MS=N makes the HTTP server answer 503 for its first N
+milliseconds, as a server still starting does.
 """
 
 import argparse
@@ -279,6 +282,28 @@ def legacy_only(app):
     return wrapped
 
 
+def not_ready_for(ms: int, app):
+    """Answer 503 for `ms` milliseconds after starting, as a server still
+    starting up does (the test of the helper that waits for the server)."""
+    ready_at = time.monotonic() + ms / 1000
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http" and time.monotonic() < ready_at:
+            body = b"starting"
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
@@ -294,6 +319,9 @@ def main() -> None:
     app = server.streamable_http_app(json_response=args.json, host="127.0.0.1")
     if args.legacy:
         app = legacy_only(app)
+    not_ready_ms = int(os.environ.get("MCP_NOT_READY_MS", "0"))
+    if not_ready_ms > 0:
+        app = not_ready_for(not_ready_ms, app)
     print(f"serving on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")
 

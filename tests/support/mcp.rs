@@ -5,6 +5,7 @@
 //! it as `support::mcp`.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -58,8 +59,15 @@ pub struct McpServer {
 }
 
 impl McpServer {
-    /// `server.py http` with `flags` (`--json`, `--legacy`), up and listening.
+    /// `server.py http` with `flags` (`--json`, `--legacy`), up and
+    /// answering MCP requests.
     pub fn start(name: &str, flags: &[&str]) -> McpServer {
+        Self::start_with_env(name, flags, &[])
+    }
+
+    /// [`McpServer::start`] with more environment variables for the server
+    /// (`MCP_NOT_READY_MS`, `MCP_TASK_POLL_MS`).
+    pub fn start_with_env(name: &str, flags: &[&str], env: &[(&str, &str)]) -> McpServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -76,28 +84,48 @@ impl McpServer {
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("MCP_CALL_LOG", &calls)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("the MCP server starts");
-        let server = McpServer {
+        let mut server = McpServer {
             child,
             port,
             calls,
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the MCP server did not listen on {port}: {}",
-                std::fs::read_to_string(&server.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        server.wait_until_it_answers(READY_WITHIN);
         server
     }
 
+    /// Returns once the server answers an MCP `initialize` as this test
+    /// server does: an open port alone may be a server still starting, or
+    /// another process that took the port after it was chosen.
+    fn wait_until_it_answers(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let last = match answers_initialize(self.port) {
+                Ok(()) => return,
+                Err(why) => why,
+            };
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the MCP server on port {} exited ({status}) before it answered: {}",
+                    self.port,
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the MCP server on port {} did not answer an MCP initialize request within \
+                 {within:?} (last: {last}); its log: {}",
+                self.port,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
@@ -109,6 +137,47 @@ impl McpServer {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// How long a starting server may take to answer (the Python SDK's import
+/// takes a few seconds on a loaded machine).
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// One MCP `initialize` POSTed to the server on `port`: `Ok` when the
+/// answer is this test server's result, else what came back instead.
+pub fn answers_initialize(port: u16) -> Result<(), String> {
+    let body = r#"{"jsonrpc":"2.0","id":"ready","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"tests-ready","version":"0"}}}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|e| format!("read: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    let ours = answer.starts_with("HTTP/1.1 200")
+        && answer.contains(r#""id":"ready""#)
+        && answer.contains(r#""serverInfo":{"name":"agents-test-mcp""#);
+    if ours {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?}",
+            answer.chars().take(200).collect::<String>()
+        ))
     }
 }
 

@@ -206,21 +206,24 @@ async fn read_json(response: &mut reqwest::Response, id: &Value) -> Result<Value
 /// read in all.
 async fn read_events(response: &mut reqwest::Response, id: &Value) -> Result<Value, McpError> {
     let mut events = EventReader::default();
-    let mut read = 0usize;
+    let failed =
+        |e: http::BodyError| McpError::Transport(format!("reading the event stream failed: {e}"));
+    let mut body = http::BodyReader::new(response, MAX_MESSAGE_BYTES).map_err(failed)?;
     loop {
-        let chunk = response
-            .chunk()
-            .await
-            .map_err(|e| McpError::Transport(format!("reading the event stream failed: {e}")))?;
-        let Some(chunk) = chunk else {
-            return Err(McpError::Transport(
-                "the server ended the event stream without answering the request".into(),
-            ));
+        let chunk = match body.next(response).await.map_err(failed)? {
+            http::Piece::Data(chunk) => chunk,
+            http::Piece::Over => {
+                return Err(too_large(match body.encoding() {
+                    Some(encoding) => http::TooLarge::Decoded(encoding),
+                    None => http::TooLarge::Streamed,
+                }))
+            }
+            http::Piece::End => {
+                return Err(McpError::Transport(
+                    "the server ended the event stream without answering the request".into(),
+                ))
+            }
         };
-        read += chunk.len();
-        if read > MAX_MESSAGE_BYTES {
-            return Err(too_large(http::TooLarge::Streamed));
-        }
         for data in events.push(&chunk) {
             let Ok(message) = serde_json::from_str::<Value>(&data) else {
                 continue;
