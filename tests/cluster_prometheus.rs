@@ -321,6 +321,7 @@ async fn the_stall_alert_fires_while_the_api_is_cut_and_clears_after() {
         support::skip_or_fail::<()>("no helm: run tests/cluster/build helm");
         return;
     }
+    support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "prom").await;
     let scratch = Scratch::new("prometheus");
     let rules = chart_rules(&scratch, &ns.name);
@@ -345,13 +346,17 @@ async fn the_stall_alert_fires_while_the_api_is_cut_and_clears_after() {
         "--timeout=90s",
     ]);
 
-    // A real scrape, after reconciles, passes promtool's linter.
-    let (code, scrape) = operator.probe("/metrics");
-    assert_eq!(code, 200, "{scrape}");
-    assert!(
-        scrape.contains("agents_reconciles_total{result=\"ok\"}"),
-        "{scrape}"
-    );
+    // A real scrape, once this operator has reconciled, passes promtool's linter.
+    let scrape = support::wait_until(
+        Duration::from_secs(60),
+        "a successful reconcile",
+        || async {
+            let (code, scrape) = operator.probe("/metrics");
+            (code == 200 && scrape.contains("agents_reconciles_total{result=\"ok\"}"))
+                .then_some(scrape)
+        },
+    )
+    .await;
     assert_promtool_accepts(&scrape);
 
     let ok_recently =
