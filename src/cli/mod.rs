@@ -14,10 +14,22 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// What `agents version` and `agents --version` print after the name:
+/// the package version, the commit and the build date (stamped by build.rs;
+/// "unknown" commit where the source had no git history).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("AGENTS_GIT_COMMIT"),
+    ", built ",
+    env!("AGENTS_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "agents",
-    version,
+    version = VERSION,
     about = "Durable AI-agent sessions: on Kubernetes, or standalone on an embedded store",
     long_about = "Durable AI-agent sessions. A session's tool calls run now, in the background, \
 isolated, or wait for an outside party; the session yields, survives restarts, and wakes when \
@@ -54,6 +66,37 @@ pub enum Command {
     /// prints the book's CRD reference (docs/src/crd-reference.md).
     #[command(subcommand)]
     Docs(docs_cmd::DocsCommand),
+    /// Print the version, the commit and the build date (as --version).
+    Version,
+    /// Print a shell completion script: `source <(agents completion bash)`,
+    /// `agents completion zsh > "${fpath[1]}/_agents"`,
+    /// `agents completion fish > ~/.config/fish/completions/agents.fish`.
+    Completion {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+}
+
+/// The shells `agents completion` writes scripts for.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The completion script for `shell`, completing the command `agents`.
+fn completion_script(shell: CompletionShell) -> String {
+    use clap::CommandFactory;
+    use clap_complete::Shell;
+    let shell = match shell {
+        CompletionShell::Bash => Shell::Bash,
+        CompletionShell::Zsh => Shell::Zsh,
+        CompletionShell::Fish => Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "agents", &mut script);
+    String::from_utf8_lossy(&script).into_owned()
 }
 
 #[derive(Args, Debug, Clone)]
@@ -414,6 +457,14 @@ pub fn main() -> ExitCode {
         Command::Ui(args) => ui::run(args),
         Command::ToolExec(args) => return tool_exec::run(args),
         Command::Docs(cmd) => docs_cmd::run(cmd),
+        Command::Version => {
+            out::text(&format!("agents {VERSION}\n"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completion { shell } => {
+            out::text(&completion_script(shell));
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
