@@ -11,13 +11,12 @@
 //! retries and backoff, so there is one retry implementation. Adapters see
 //! only core data: the turns and the tools' [`ToolSchema`]s.
 
+mod endpoint;
 mod openai;
 mod scripted;
 
-pub use openai::{
-    parse_completion, parse_retry_after, OpenAiModel, DEFAULT_TIMEOUT, MAX_MODEL_REPLY_BYTES,
-    MAX_RETRY_AFTER,
-};
+pub use endpoint::{parse_retry_after, DEFAULT_TIMEOUT, MAX_MODEL_REPLY_BYTES, MAX_RETRY_AFTER};
+pub use openai::{parse_completion, OpenAiModel};
 pub use scripted::{ScriptedModel, ScriptedReply};
 
 use crate::core::{AgentTurn, ToolSchema, Turn};
