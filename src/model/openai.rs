@@ -23,6 +23,10 @@ pub struct OpenAiModel {
     pub base_url: String,
     pub model: String,
     endpoint: Endpoint,
+    /// How the key is sent: `Authorization: Bearer`, or Azure's `api-key`.
+    key_header: KeyHeader,
+    /// Azure's `api-version` query parameter.
+    api_version: Option<String>,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -31,6 +35,8 @@ impl fmt::Debug for OpenAiModel {
             .field("base_url", &self.base_url)
             .field("model", &self.model)
             .field("endpoint", &self.endpoint)
+            .field("key_header", &self.key_header)
+            .field("api_version", &self.api_version)
             .finish()
     }
 }
@@ -43,7 +49,17 @@ impl OpenAiModel {
             base_url: base_url.trim_end_matches('/').to_string(),
             model: model.to_string(),
             endpoint: Endpoint::new(api_key, timeout),
+            key_header: KeyHeader::Bearer,
+            api_version: None,
         }
+    }
+
+    /// The client as Azure OpenAI wants it: the key in the `api-key`
+    /// header, and `api_version` (if any) as the `api-version` query.
+    pub fn azure(mut self, api_version: Option<&str>) -> Self {
+        self.key_header = KeyHeader::Named("api-key");
+        self.api_version = api_version.map(str::to_string);
+        self
     }
 
     /// The client held to the operator's list of model URLs: an endpoint
@@ -67,7 +83,16 @@ impl OpenAiModel {
 
     /// The URL each request goes to.
     pub fn url(&self) -> String {
-        format!("{}/chat/completions", self.base_url)
+        let url = format!("{}/chat/completions", self.base_url);
+        match &self.api_version {
+            Some(version) => {
+                let query: String = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("api-version", version)
+                    .finish();
+                format!("{url}?{query}")
+            }
+            None => url,
+        }
     }
 
     /// Why the operator's list refuses this client's URL, if it does.
@@ -142,7 +167,7 @@ impl OpenAiModel {
         self.endpoint
             .post(
                 &self.url(),
-                KeyHeader::Bearer,
+                self.key_header,
                 &[],
                 &body,
                 WIRE,
@@ -388,6 +413,35 @@ mod tests {
         assert!(
             err(r#"{"choices":[{"message":{"tool_calls":[{"id":"a"}]}}]}"#)
                 .contains("tool_calls[0]` has no `function.name`")
+        );
+    }
+
+    #[test]
+    fn azure_sends_the_api_version_query_and_keeps_the_key_out_of_debug() {
+        let m = OpenAiModel::new(
+            "https://r.openai.azure.com/openai/deployments/gpt/",
+            "gpt",
+            Some("sk-secret".into()),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            m.url(),
+            "https://r.openai.azure.com/openai/deployments/gpt/chat/completions"
+        );
+        let azure = m.clone().azure(Some("2024-10-21"));
+        assert_eq!(
+            azure.url(),
+            "https://r.openai.azure.com/openai/deployments/gpt/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(azure.key_header, KeyHeader::Named("api-key"));
+        assert!(!format!("{azure:?}").contains("sk-secret"));
+        let v1 = m.azure(None);
+        assert!(v1.url().ends_with("/chat/completions"), "{}", v1.url());
+        assert_eq!(
+            OpenAiModel::new("http://x", "m", None, Duration::from_secs(1))
+                .azure(Some("a b&c"))
+                .url(),
+            "http://x/chat/completions?api-version=a+b%26c"
         );
     }
 }
