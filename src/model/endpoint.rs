@@ -19,6 +19,7 @@
 use super::ModelError;
 use crate::http::allow::AllowedUrls;
 use crate::http::{self, clip};
+use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::fmt;
@@ -139,7 +140,20 @@ impl Endpoint {
         request = match (key, key_header) {
             (None, _) => request,
             (Some(key), KeyHeader::Bearer) => request.bearer_auth(key),
-            (Some(key), KeyHeader::Named(name)) => request.header(name, key),
+            (Some(key), KeyHeader::Named(name)) => match HeaderValue::from_str(key) {
+                // Sensitive, as `bearer_auth` marks its header: kept out of
+                // reqwest's and hyper's debug output.
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    request.header(name, value)
+                }
+                Err(_) => {
+                    return Err(ModelError::permanent(format!(
+                        "the API key holds characters no HTTP header may carry; check {}.apiKeySecretRef",
+                        wire.section
+                    )))
+                }
+            },
         };
         let result = match self.exchange(request, url, wire).await {
             Ok(reply) => classify(url, &reply, key, wire, parse),
