@@ -8,12 +8,15 @@
 //! the session namespace's Secrets itself). Never the operator's own
 //! environment.
 
-use crate::api::agent::{ModelProvider, ToolSpec};
+use crate::api::agent::{ModelProvider, ModelSpec, ToolSpec};
 use crate::api::{convert, AgentSpec, SessionSpec};
 use crate::core::call::TaskHandle;
 use crate::core::policy::SecretKeyRef;
 use crate::core::{AgentTurn, Disposition, Millis, SessionConfig, SessionId, ToolCall};
-use crate::model::{ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply};
+use crate::model::{
+    AnthropicModel, ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply,
+    DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_MAX_TOKENS,
+};
 pub use crate::ports::AgentLookup;
 use crate::ports::{
     AgentSource, ModelFailure, ModelIdentity, ModelInput, ModelPort, TaskPoll, ToolPort, ToolRun,
@@ -28,6 +31,13 @@ pub mod mcp;
 /// Where the secrets an agent names (`{name, key}`) are read from.
 pub trait SecretSource {
     fn secret(&self, name: &str, key: &str) -> Option<String>;
+
+    /// The API key of a `provider` model, from the Secret key the spec
+    /// names; by default that secret.
+    fn model_key(&self, name: &str, key: &str, provider: ModelProvider) -> Option<String> {
+        let _ = provider;
+        self.secret(name, key)
+    }
 }
 
 /// Why a session's agent cannot be had.
@@ -197,7 +207,8 @@ impl Definition {
             },
         )
         .map_err(|e| e.to_string())?;
-        let model = model_client(&self.agent, secrets)?;
+        let timeout = Duration::from_secs(self.agent.model.timeout_seconds().into());
+        let model = model_client(&self.agent.model, secrets, timeout)?;
         let field = if self.agent_name.is_some() {
             "agent.spec"
         } else {
@@ -244,46 +255,68 @@ pub fn tool_def(t: &ToolSpec) -> ToolDef {
     }
 }
 
-fn model_client(agent: &AgentSpec, secrets: &dyn SecretSource) -> Result<ModelClient, String> {
-    match agent.model.provider {
+/// The model client of `spec`: its key from `secrets` (read only for the
+/// provider the spec names), each request bounded by `timeout`.
+pub fn model_client(
+    spec: &ModelSpec,
+    secrets: &dyn SecretSource,
+    timeout: Duration,
+) -> Result<ModelClient, String> {
+    let missing = |p: &str| format!("spec.model.provider is {p} but spec.model.{p} is missing");
+    let sections = [
+        spec.openai.is_some(),
+        spec.anthropic.is_some(),
+        spec.scripted.is_some(),
+    ];
+    if sections.iter().filter(|set| **set).count() > 1 {
+        return Err("spec.model: set only the section matching spec.model.provider (openai, anthropic or scripted)".into());
+    }
+    let key = spec
+        .api_key_secret_ref()
+        .and_then(|(r, _)| secrets.model_key(&r.name, &r.key, spec.provider));
+    match spec.provider {
         ModelProvider::Scripted => {
-            let s = agent
-                .model
-                .scripted
-                .as_ref()
-                .ok_or("spec.model.provider is scripted but spec.model.scripted is missing")?;
-            Ok(ModelClient::Scripted(ScriptedModel {
-                replies: s
-                    .replies
-                    .iter()
-                    .map(|r| ScriptedReply {
-                        text: r.text.clone(),
-                        tool_calls: r
-                            .tool_calls
-                            .iter()
-                            .map(|c| (c.name.clone(), c.arguments.clone()))
-                            .collect(),
-                    })
-                    .collect(),
-            }))
+            let s = spec.scripted.as_ref().ok_or_else(|| missing("scripted"))?;
+            Ok(ModelClient::Scripted(scripted_model(s)))
         }
         ModelProvider::Openai => {
-            let o = agent
-                .model
-                .openai
+            let o = spec.openai.as_ref().ok_or_else(|| missing("openai"))?;
+            let client = OpenAiModel::new(&o.base_url, &o.model, key, timeout);
+            Ok(ModelClient::OpenAi(match &o.azure {
+                Some(azure) => client.azure(azure.api_version.as_deref()),
+                None => client,
+            }))
+        }
+        ModelProvider::Anthropic => {
+            let a = spec
+                .anthropic
                 .as_ref()
-                .ok_or("spec.model.provider is openai but spec.model.openai is missing")?;
-            let key = o
-                .api_key_secret_ref
-                .as_ref()
-                .and_then(|r| secrets.secret(&r.name, &r.key));
-            Ok(ModelClient::OpenAi(OpenAiModel::new(
-                &o.base_url,
-                &o.model,
+                .ok_or_else(|| missing("anthropic"))?;
+            Ok(ModelClient::Anthropic(AnthropicModel::new(
+                a.base_url.as_deref().unwrap_or(DEFAULT_ANTHROPIC_BASE_URL),
+                &a.model,
+                a.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
                 key,
-                std::time::Duration::from_secs(agent.model.timeout_seconds().into()),
+                timeout,
             )))
         }
+    }
+}
+
+fn scripted_model(s: &crate::api::agent::ScriptedModel) -> ScriptedModel {
+    ScriptedModel {
+        replies: s
+            .replies
+            .iter()
+            .map(|r| ScriptedReply {
+                text: r.text.clone(),
+                tool_calls: r
+                    .tool_calls
+                    .iter()
+                    .map(|c| (c.name.clone(), c.arguments.clone()))
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
@@ -319,6 +352,10 @@ impl ModelPort for AgentModel<'_> {
             },
             ModelClient::OpenAi(m) => ModelIdentity {
                 provider: "openai".into(),
+                model: m.model.clone(),
+            },
+            ModelClient::Anthropic(m) => ModelIdentity {
+                provider: "anthropic".into(),
                 model: m.model.clone(),
             },
         }

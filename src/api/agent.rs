@@ -159,8 +159,11 @@ pub struct McpToolStatus {
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ModelProvider {
-    /// Any endpoint speaking the OpenAI chat-completions wire format.
+    /// Any endpoint speaking the OpenAI chat-completions wire format
+    /// (OpenAI, Azure OpenAI, Ollama, vLLM, Gemini's compatible endpoint).
     Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
     /// Replays a fixed list of replies: deterministic agent tests.
     Scripted,
 }
@@ -168,13 +171,16 @@ pub enum ModelProvider {
 /// The model. Set `provider` and the matching section.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.provider == 'openai' ? (has(self.openai) && !has(self.scripted)) : (has(self.scripted) && !has(self.openai))").message("set the section matching spec.model.provider: `openai` for provider openai, `scripted` for provider scripted, and not the other"))]
+#[x_kube(validation = Rule::new("(has(self.openai) ? 1 : 0) + (has(self.anthropic) ? 1 : 0) + (has(self.scripted) ? 1 : 0) == 1 && (self.provider == 'openai' ? has(self.openai) : self.provider == 'anthropic' ? has(self.anthropic) : has(self.scripted))").message("set the section matching spec.model.provider, and no other: `openai` for provider openai, `anthropic` for provider anthropic, `scripted` for provider scripted"))]
 pub struct ModelSpec {
-    /// `openai` or `scripted`.
+    /// `openai`, `anthropic` or `scripted`.
     pub provider: ModelProvider,
     /// Settings for an OpenAI-compatible endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub openai: Option<OpenAiModel>,
+    /// Settings for Anthropic's Messages API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic: Option<AnthropicModel>,
     /// The replies a scripted model gives, in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scripted: Option<ScriptedModel>,
@@ -201,6 +207,35 @@ impl ModelSpec {
     pub fn max_retries(&self) -> u32 {
         self.max_retries.unwrap_or(DEFAULT_MODEL_MAX_RETRIES)
     }
+
+    /// The Secret holding the provider's API key, if the spec names one,
+    /// with the field that names it (for messages).
+    pub fn api_key_secret_ref(&self) -> Option<(&SecretKeyRef, &'static str)> {
+        match self.provider {
+            ModelProvider::Openai => self
+                .openai
+                .as_ref()?
+                .api_key_secret_ref
+                .as_ref()
+                .map(|r| (r, "spec.model.openai.apiKeySecretRef")),
+            ModelProvider::Anthropic => self
+                .anthropic
+                .as_ref()?
+                .api_key_secret_ref
+                .as_ref()
+                .map(|r| (r, "spec.model.anthropic.apiKeySecretRef")),
+            ModelProvider::Scripted => None,
+        }
+    }
+
+    /// The field that says where the provider's API is (for messages).
+    pub fn base_url_field(&self) -> &'static str {
+        match self.provider {
+            ModelProvider::Openai => "spec.model.openai.baseUrl",
+            ModelProvider::Anthropic => "spec.model.anthropic.baseUrl",
+            ModelProvider::Scripted => "spec.model.scripted",
+        }
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -212,6 +247,48 @@ pub struct OpenAiModel {
     pub model: String,
     /// The Secret key holding the API key. The key is read when calling the
     /// model and never written to status, events or logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeyRef>,
+    /// Azure OpenAI: send the key as the `api-key` header (instead of
+    /// `Authorization: Bearer`) and add the `api-version` query. Set
+    /// `baseUrl` to the deployment,
+    /// `https://RESOURCE.openai.azure.com/openai/deployments/DEPLOYMENT`
+    /// (or to `https://RESOURCE.openai.azure.com/openai/v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure: Option<AzureOpenAi>,
+}
+
+/// How Azure OpenAI differs from OpenAI.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AzureOpenAi {
+    /// The `api-version` query parameter of each request, e.g.
+    /// `2024-10-21`. Deployment URLs need it; the v1 API
+    /// (`.../openai/v1`) takes none, so leave it out there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub api_version: Option<String>,
+}
+
+/// Anthropic's Messages API (`POST {baseUrl}/v1/messages`, with the
+/// `anthropic-version: 2023-06-01` and `x-api-key` headers).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AnthropicModel {
+    /// The API root, without `/v1`. Default `https://api.anthropic.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// Model name sent with each request, e.g. `claude-sonnet-4-5`.
+    pub model: String,
+    /// The most output tokens one reply may have (the API's required
+    /// `max_tokens`). A reply cut at this limit fails the session with a
+    /// message to raise it. Default 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_tokens: Option<u32>,
+    /// The Secret key holding the API key (sent as `x-api-key`). The key is
+    /// read when calling the model and never written to status, events or
+    /// logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeyRef>,
 }

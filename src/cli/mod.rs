@@ -134,9 +134,10 @@ pub struct OperatorArgs {
         value_name = "PATTERN"
     )]
     pub http_tool_allowed_urls: Vec<String>,
-    /// A URL pattern an OpenAI-compatible model may be called at (repeat,
-    /// or separate with commas), matched against
-    /// `spec.model.openai.baseUrl` + `/chat/completions`; default: any URL.
+    /// A URL pattern a model may be called at (repeat, or separate with
+    /// commas), matched against the URL each request goes to:
+    /// `spec.model.openai.baseUrl` + `/chat/completions`, or
+    /// `spec.model.anthropic.baseUrl` + `/v1/messages`; default: any URL.
     /// The same patterns as `--http-tool-allowed-urls`. An Agent whose
     /// model is elsewhere is `Ready=False ModelUrlNotAllowed` and its
     /// sessions wait, having sent nothing.

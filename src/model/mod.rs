@@ -4,24 +4,31 @@
 //! - [`ScriptedModel`] replays the agent's scripted replies, one per agent
 //!   turn, so a replay after a crash gives the same answer.
 //! - [`OpenAiModel`] speaks the chat-completions wire format to any
-//!   compatible endpoint.
+//!   compatible endpoint (Azure OpenAI among them).
+//! - [`AnthropicModel`] speaks Anthropic's Messages API.
 //!
 //! An adapter makes one attempt per call and classifies a failure
 //! ([`ModelError::retryable`], [`ModelError::retry_after`]); the core owns
 //! retries and backoff, so there is one retry implementation. Adapters see
 //! only core data: the turns and the tools' [`ToolSchema`]s.
 
+mod anthropic;
+mod endpoint;
 mod openai;
 mod scripted;
 
-pub use openai::{
-    parse_completion, parse_retry_after, OpenAiModel, DEFAULT_TIMEOUT, MAX_MODEL_REPLY_BYTES,
-    MAX_RETRY_AFTER,
+pub use anthropic::{
+    parse_message, AnthropicMessage, AnthropicModel, ANTHROPIC_VERSION, DEFAULT_ANTHROPIC_BASE_URL,
+    DEFAULT_MAX_TOKENS,
 };
+pub use endpoint::{parse_retry_after, DEFAULT_TIMEOUT, MAX_MODEL_REPLY_BYTES, MAX_RETRY_AFTER};
+pub use openai::{parse_completion, OpenAiModel};
 pub use scripted::{ScriptedModel, ScriptedReply};
 
 use crate::core::{AgentTurn, ToolSchema, Turn};
+use crate::http::allow::AllowedUrls;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the model sees.
@@ -72,6 +79,7 @@ impl ModelError {
 pub enum ModelClient {
     Scripted(ScriptedModel),
     OpenAi(OpenAiModel),
+    Anthropic(AnthropicModel),
 }
 
 impl ModelClient {
@@ -89,7 +97,36 @@ impl ModelClient {
             match self {
                 ModelClient::Scripted(m) => m.reply(req),
                 ModelClient::OpenAi(m) => m.reply(req).await,
+                ModelClient::Anthropic(m) => m.reply(req).await,
             }
+        }
+    }
+
+    /// Held to the operator's list of model URLs (a scripted model calls
+    /// none).
+    pub fn with_allowed_urls(self, allowed: Option<Arc<AllowedUrls>>) -> Self {
+        match self {
+            ModelClient::Scripted(_) => self,
+            ModelClient::OpenAi(m) => ModelClient::OpenAi(m.with_allowed_urls(allowed)),
+            ModelClient::Anthropic(m) => ModelClient::Anthropic(m.with_allowed_urls(allowed)),
+        }
+    }
+
+    /// With the API key `key` (an empty one counts as none).
+    pub fn with_api_key(self, key: Option<String>) -> Self {
+        match self {
+            ModelClient::Scripted(_) => self,
+            ModelClient::OpenAi(m) => ModelClient::OpenAi(m.with_api_key(key)),
+            ModelClient::Anthropic(m) => ModelClient::Anthropic(m.with_api_key(key)),
+        }
+    }
+
+    /// Why the operator's list refuses the URL this client calls, if it does.
+    pub fn url_not_allowed(&self) -> Option<String> {
+        match self {
+            ModelClient::Scripted(_) => None,
+            ModelClient::OpenAi(m) => m.url_not_allowed(),
+            ModelClient::Anthropic(m) => m.url_not_allowed(),
         }
     }
 }
@@ -98,7 +135,6 @@ impl ModelClient {
 mod tests {
     use super::*;
     use crate::core::UserTurn;
-    use std::sync::Arc;
 
     fn assert_send<T: Send>(_: &T) {}
     fn assert_send_static<T: Send + 'static>(_: &T) {}
@@ -126,6 +162,9 @@ mod tests {
         if let ModelClient::OpenAi(m) = &client {
             assert_send(&m.reply(&req));
         }
+        let anthropic =
+            AnthropicModel::new("http://127.0.0.1:9", "m", 1, None, Duration::from_secs(1));
+        assert_send(&anthropic.reply(&req));
         // The shape of an operator reconcile: everything owned by the task.
         let client = Arc::new(client);
         let task = async move {

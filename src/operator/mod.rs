@@ -39,7 +39,7 @@ use crate::engine::Progress;
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, StepOutcome, SystemClock,
 };
-use crate::model::{ModelClient, OpenAiModel};
+use crate::model::ModelClient;
 use crate::store::kube::{KubeStore, MemoryCache};
 use crate::store::StoreError;
 use crate::tools::Toolbox;
@@ -916,7 +916,9 @@ async fn prepare(
     agent.config.model_timeout_secs = model_timeout;
     let model = match spec.model.provider {
         ModelProvider::Scripted => agent.model.clone(),
-        ModelProvider::Openai => openai_model(ctx, ns, spec, model_timeout).await?,
+        ModelProvider::Openai | ModelProvider::Anthropic => {
+            remote_model(ctx, ns, spec, model_timeout).await?
+        }
     };
     let (agent, mcp) = ready_tools(ctx, ns, agent).await?;
     let runtime = AgentRuntime {
@@ -934,42 +936,35 @@ async fn prepare(
     })
 }
 
-/// The OpenAI-compatible client of `spec`, held to the operator's list of
+/// The remote model client of `spec`, held to the operator's list of
 /// model URLs; its key read from the session namespace's Secret, and only
 /// once the URL is known to be allowed.
-async fn openai_model(
+async fn remote_model(
     ctx: &Context,
     ns: &str,
     spec: &crate::api::AgentSpec,
     timeout_secs: u64,
 ) -> Result<ModelClient, NotReady> {
-    let o = spec.model.openai.as_ref().ok_or_else(|| NotReady {
-        reason: "InvalidAgent",
-        message: "spec.model.provider is openai but spec.model.openai is missing".into(),
-        recheck: INVALID_RECHECK,
-    })?;
-    let client = OpenAiModel::new(
-        &o.base_url,
-        &o.model,
-        None,
-        Duration::from_secs(timeout_secs),
-    )
-    .with_allowed_urls(ctx.options.model_allowed_urls.clone());
+    let timeout = Duration::from_secs(timeout_secs);
+    let client = crate::agent::model_client(&spec.model, &NoSecrets, timeout)
+        .map_err(|message| NotReady {
+            reason: "InvalidAgent",
+            message,
+            recheck: INVALID_RECHECK,
+        })?
+        .with_allowed_urls(ctx.options.model_allowed_urls.clone());
     if let Some(why) = client.url_not_allowed() {
         return Err(NotReady {
             reason: MODEL_URL_NOT_ALLOWED,
-            message: format!("spec.model.openai.baseUrl: {why}"),
+            message: format!("{}: {why}", spec.model.base_url_field()),
             recheck: INVALID_RECHECK,
         });
     }
-    let key = match &o.api_key_secret_ref {
+    let key = match spec.model.api_key_secret_ref() {
         None => None,
-        Some(r) => {
-            let what = "spec.model.openai.apiKeySecretRef";
-            Some(read_secret(ctx, ns, &r.name, &r.key, what).await?)
-        }
+        Some((r, what)) => Some(read_secret(ctx, ns, &r.name, &r.key, what).await?),
     };
-    Ok(ModelClient::OpenAi(client.with_api_key(key)))
+    Ok(client.with_api_key(key))
 }
 
 /// The agent's tools made ready to run here: their Secrets read (and

@@ -2,6 +2,7 @@
 //! to a runnable agent: the core's config, a model client and the tools.
 
 pub use crate::agent::{Definition, RunnableAgent};
+use crate::api::agent::ModelProvider;
 use crate::api::{AgentSpec, SessionSpec};
 use serde::Deserialize;
 use serde_json::Value;
@@ -224,8 +225,9 @@ impl crate::agent::AgentLookup for FileAgents {
 }
 
 /// Standalone, a Secret reference `{name: llm, key: api-key}` is read from
-/// the environment variable `AGENTS_SECRET_LLM_API_KEY` (then
-/// `OPENAI_API_KEY`): keys never live in the store or the YAML.
+/// the environment variable `AGENTS_SECRET_LLM_API_KEY` (for a model's key,
+/// then the provider's usual variable, [`provider_key_env`]): keys never
+/// live in the store or the YAML.
 pub fn secret_env_name(name: &str, key: &str) -> String {
     crate::core::policy::SecretKeyRef {
         name: name.to_string(),
@@ -239,9 +241,22 @@ pub struct EnvSecrets;
 
 impl crate::agent::SecretSource for EnvSecrets {
     fn secret(&self, name: &str, key: &str) -> Option<String> {
-        std::env::var(secret_env_name(name, key))
-            .or_else(|_| std::env::var("OPENAI_API_KEY"))
-            .ok()
+        std::env::var(secret_env_name(name, key)).ok()
+    }
+
+    fn model_key(&self, name: &str, key: &str, provider: ModelProvider) -> Option<String> {
+        self.secret(name, key)
+            .or_else(|| std::env::var(provider_key_env(provider)?).ok())
+    }
+}
+
+/// The variable a provider's own tools read its key from, taken when the
+/// Secret's variable is unset; one provider's key never goes to another.
+pub fn provider_key_env(provider: ModelProvider) -> Option<&'static str> {
+    match provider {
+        ModelProvider::Openai => Some("OPENAI_API_KEY"),
+        ModelProvider::Anthropic => Some("ANTHROPIC_API_KEY"),
+        ModelProvider::Scripted => None,
     }
 }
 

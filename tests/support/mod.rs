@@ -12,6 +12,7 @@
 //! `~/.kube/config` and `KUBECONFIG` are never read.
 #![allow(dead_code)]
 
+pub mod anthropic;
 pub mod fake;
 pub mod http;
 pub mod launcher;
