@@ -371,7 +371,7 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
         "get", "session", "guarded", "-n", &ns.name, "-o", "json",
     ]))
     .unwrap();
-    let results = &s["status"]["turns"][2]["toolResults"];
+    let results = &s["status"]["state"]["turns"][2]["toolResults"];
     assert_eq!(
         results[0]["result"]["status"], "success",
         "deploy ran: {results}"
@@ -399,7 +399,7 @@ async fn approvers_quorum_denial_and_timeout_are_enforced_by_the_api_server() {
         scale.contains("replicas") && !scale.contains("10"),
         "{scale}"
     );
-    let asked = s["status"]["turns"][1]["toolCalls"][3]["arguments"].to_string();
+    let asked = s["status"]["state"]["turns"][1]["toolCalls"][3]["arguments"].to_string();
     assert!(
         asked.contains("10"),
         "the model's arguments are kept: {asked}"

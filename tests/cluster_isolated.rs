@@ -117,7 +117,7 @@ async fn isolated_calls_run_as_jobs_across_an_operator_crash() {
     assert_eq!(by_token("iso-t1-c1"), 2, "a failed attempt and its retry");
     let status = kubectl_ok(["get", "session", "iso", "-n", &ns.name, "-o", "json"]);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let results = status["status"]["turns"][2]["toolResults"].clone();
+    let results = status["status"]["state"]["turns"][2]["toolResults"].clone();
     assert_eq!(
         results[0]["result"]["response"]["content"], "counted 3 lines",
         "{results}"
@@ -392,7 +392,7 @@ spec:
         String::from_utf8_lossy(&out.stderr)
     );
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let results = &status["status"]["turns"][2]["toolResults"];
+    let results = &status["status"]["state"]["turns"][2]["toolResults"];
     for (i, text) in [(0, "one"), (1, "two")] {
         assert_eq!(results[i]["result"]["status"], "success", "{results}");
         assert_eq!(

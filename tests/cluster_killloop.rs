@@ -231,7 +231,7 @@ async fn kills_across_isolated_calls_leave_one_job_per_attempt() {
             "json",
         ]))
         .unwrap();
-        let result = &s["status"]["turns"][2]["toolResults"][0]["result"];
+        let result = &s["status"]["state"]["turns"][2]["toolResults"][0]["result"];
         assert_eq!(result["response"]["content"], "worked", "i{i}: {result}");
     }
     assert_eq!(labels.len(), sessions, "no other Job: {labels:?}");

@@ -396,9 +396,9 @@ async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_can
     apply(&ns.name, "a1", &task_agent(&url, "jobs", calls, "done"));
     apply(&ns.name, "s1", &session_of("flow", "jobs"));
     let waiting = wait_until(&ns.name, "session/flow", |v| {
-        v["status"]["openTurn"]["calls"][1]["waitingFor"] == "mcpTask"
+        v["status"]["state"]["open"]["calls"][1]["waitingFor"] == "mcpTask"
     });
-    let task = waiting["status"]["openTurn"]["calls"][1]["task"]["id"].clone();
+    let task = waiting["status"]["state"]["open"]["calls"][1]["task"]["id"].clone();
     assert!(task.is_string(), "{waiting}");
     let cont = wait_until(&ns.name, "continuation/flow-t1-c1", |v| {
         v["status"]["waitingFor"] == "mcpTask"
@@ -449,9 +449,9 @@ async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_can
     apply(&ns.name, "a2", &task_agent(&url, "asker", ask, "shipped"));
     apply(&ns.name, "s2", &session_of("ask", "asker"));
     let asking = wait_until(&ns.name, "session/ask", |v| {
-        v["status"]["openTurn"]["calls"][0]["taskAsks"].is_string()
+        v["status"]["state"]["open"]["calls"][0]["taskAsks"].is_string()
     });
-    let asks = asking["status"]["openTurn"]["calls"][0]["taskAsks"]
+    let asks = asking["status"]["state"]["open"]["calls"][0]["taskAsks"]
         .as_str()
         .unwrap();
     assert!(asks.contains("ship it?"), "{asks}");
@@ -497,9 +497,9 @@ async fn an_mcp_task_survives_an_operator_kill_takes_a_persons_answer_and_is_can
     apply(&ns.name, "a3", &task_agent(&url, "slow", slow, "never"));
     apply(&ns.name, "s3", &session_of("doomed", "slow"));
     let doomed = wait_until(&ns.name, "session/doomed", |v| {
-        has_finalizer(v) && v["status"]["openTurn"]["calls"][0]["waitingFor"] == "mcpTask"
+        has_finalizer(v) && v["status"]["state"]["open"]["calls"][0]["waitingFor"] == "mcpTask"
     });
-    let task = doomed["status"]["openTurn"]["calls"][0]["task"]["id"].clone();
+    let task = doomed["status"]["state"]["open"]["calls"][0]["task"]["id"].clone();
     kubectl_ok(["delete", "-n", &ns.name, "session/doomed", "--timeout=60s"]);
     let cancels: Vec<Value> = server
         .calls()

@@ -327,12 +327,8 @@ async fn the_requested_flow_survives_an_operator_crash() {
         || async {
             let s = session(&client, &ns.name, "flow").await;
             let st = s.status.as_ref()?;
-            let open = st.open_turn.as_ref()?;
-            let done = |i: usize| {
-                open.calls
-                    .get(i)
-                    .is_some_and(|c| c.state == agents::api::session::CallStateName::Completed)
-            };
+            let open = &st.state.as_ref()?["open"];
+            let done = |i: usize| open["calls"][i]["state"] == "Completed";
             let waiting = condition(&s, "Waiting").is_some_and(|c| c.status == "True");
             (done(0) && done(1) && waiting).then_some(())
         },
@@ -373,7 +369,7 @@ async fn the_requested_flow_survives_an_operator_crash() {
     let s = session(&client, &ns.name, "flow").await;
     let st = status_json(&s);
     assert_eq!(st["answer"], "all three results are in");
-    let turns = st["turns"].as_array().unwrap();
+    let turns = st["state"]["turns"].as_array().unwrap();
     let results = turns
         .iter()
         .find(|t| t["toolResults"].is_array())
@@ -522,7 +518,10 @@ spec:
     assert_eq!(keys.len(), 1, "only the approved call ran: {keys:?}");
     assert!(keys.keys().next().unwrap().ends_with("/t1-c0"));
     let st = status_json(&session(&client, &ns.name, "gated").await);
-    let results = st["turns"][2]["toolResults"].as_array().unwrap().clone();
+    let results = st["state"]["turns"][2]["toolResults"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(results[0]["result"]["status"], "success");
     assert_eq!(results[1]["result"]["status"], "error");
     assert_eq!(
@@ -583,7 +582,7 @@ spec:
     let st = status_json(&session(&client, &ns.name, "held").await);
     assert_eq!(st["answer"], "finished after the pause");
     assert_eq!(
-        st["turns"][2]["toolResults"][0]["result"]["response"]["content"],
+        st["state"]["turns"][2]["toolResults"][0]["result"]["response"]["content"],
         "42"
     );
     ns.delete(&client).await;
@@ -886,7 +885,7 @@ spec:
     );
     let st = status_json(&session(&client, &ns.name, "once").await);
     assert_eq!(
-        st["turns"][2]["toolResults"][0]["result"]["response"]["content"],
+        st["state"]["turns"][2]["toolResults"][0]["result"]["response"]["content"],
         "first"
     );
     // The CLI reads the session back as the operator left it.
@@ -1191,7 +1190,7 @@ spec:
     assert!(worker.contains("isolated-ok"), "{worker}");
     wait_condition(&ns.name, "iso", "Succeeded", 60);
     let st = status_json(&session(&client, &ns.name, "iso").await);
-    let result = &st["turns"][2]["toolResults"][0]["result"];
+    let result = &st["state"]["turns"][2]["toolResults"][0]["result"];
     assert_eq!(result["response"]["content"], "isolated-ok", "{result}");
     ns.delete(&client).await;
 }
@@ -1248,7 +1247,7 @@ spec:
     );
     let st = status_json(&session(&client, &ns.name, "rerun").await);
     assert_eq!(
-        st["turns"][2]["toolResults"][0]["result"]["status"],
+        st["state"]["turns"][2]["toolResults"][0]["result"]["status"],
         "success"
     );
     ns.delete(&client).await;
@@ -1372,7 +1371,7 @@ spec:
         s.status.as_ref().unwrap().answer.as_deref(),
         Some("hello from the fake")
     );
-    assert_eq!(s.status.as_ref().unwrap().retries_seen, 1);
+    assert_eq!(s.status.as_ref().unwrap().retries_taken, 1);
     let auth = chat.auth.lock().unwrap().clone();
     assert_eq!(auth.len(), 2, "{auth:?}");
     assert!(

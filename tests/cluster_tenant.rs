@@ -99,7 +99,7 @@ async fn bad_results_fail_only_their_call() {
         },
     )
     .await;
-    let results = &done["turns"][2]["toolResults"];
+    let results = &done["state"]["turns"][2]["toolResults"];
     let message = |i: usize| {
         results[i]["result"]["message"]
             .as_str()
@@ -199,7 +199,7 @@ async fn a_marker_cannot_pull_in_another_sessions_blob() {
         },
     )
     .await;
-    let first = done["turns"][2]["toolResults"][0]["result"].clone();
+    let first = done["state"]["turns"][2]["toolResults"][0]["result"].clone();
     let text = first.to_string();
     assert!(!text.contains("other's secret"), "{text}");
     assert!(
@@ -342,7 +342,7 @@ spec:
     let flood = done(hostile.name.clone(), "flood").await;
     let calm = done(neighbour.name.clone(), "asks").await;
     let peak = peak_rss_mib(op.pid());
-    let message = flood["turns"][2]["toolResults"][0]["result"]["message"]
+    let message = flood["state"]["turns"][2]["toolResults"][0]["result"]["message"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -588,7 +588,7 @@ spec:
         },
     )
     .await;
-    let results = &done["turns"][2]["toolResults"];
+    let results = &done["state"]["turns"][2]["toolResults"];
     assert_eq!(
         results[0]["result"],
         json!({"status": "success", "response": {"type": "text", "content": "ok"}}),

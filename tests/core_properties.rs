@@ -2,7 +2,7 @@
 //! invariants, refused events change nothing, and state survives both the
 //! store's JSON and the CRD status mapping unchanged.
 
-use agents::api::convert::{session_state, session_status};
+use agents::api::stored::{session_state, session_status};
 use agents::api::SessionStatus;
 use agents::core::policy::{Decorators, Rule};
 use agents::core::session::ToolInfo;

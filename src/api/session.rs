@@ -1,12 +1,15 @@
 //! The `Session` resource: one agent conversation, run durably.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::agent::{AgentSpec, ApprovalPolicySpec, ContainerTool, DispositionMode};
-use super::{conditions_schema, free_form_object};
+use super::conditions_schema;
+use super::stored::stored_state_schema;
+use crate::core::TokenUsage;
+use std::collections::BTreeMap;
 
 /// A label value holds at most 63 characters.
 pub const SESSION_NAME_FITS: &str = "self.metadata.name.size() <= 63";
@@ -116,7 +119,11 @@ pub enum SessionPhase {
     Failed,
 }
 
-/// What the session has done so far: written by the operator (or `agents run`).
+/// What the session has done so far: written by the operator (or `agents
+/// run`). The session's state is `state`, as the core keeps it; the fields
+/// beside it are what people, printer columns and `kubectl wait` read.
+/// Nothing is stored twice: the core's answer, failure, usage and counters
+/// live here rather than in `state`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionStatus {
@@ -133,59 +140,50 @@ pub struct SessionStatus {
     /// The `metadata.generation` this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The session is held: `spec.paused` was set and observed.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub paused: bool,
-    /// How many of `spec.messages` the session has taken in.
-    #[serde(default)]
-    pub messages_seen: u32,
-    /// The `spec.retry` value last acted on.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub retries_seen: u32,
-    /// Model turns taken.
-    #[serde(default)]
-    pub agent_turns: u32,
+    /// While the session waits: what it waits for most (an approval
+    /// first, then an outside party, an MCP task, a Job, a background run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingForName>,
     /// Deferred calls of the open turn.
     #[serde(default)]
     pub pending_count: u32,
+    /// Model turns taken.
+    #[serde(default)]
+    pub agent_turns: u32,
     /// Token usage summed over the session.
     #[serde(default)]
-    pub usage: UsageStatus,
+    pub usage: TokenUsage,
     /// The final answer, once the session succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
     /// Why the session failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
-    /// The oldest turns, moved out of the status to keep it small (owned
-    /// immutable ConfigMaps); `turns` continues after them. Readers (the
-    /// operator, `agents session show`) put them back transparently.
+    /// The `spec.retry` value last acted on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries_taken: u32,
+    /// The oldest turns, moved out of `state` to keep the status small
+    /// (owned immutable ConfigMaps); `state.turns` continues after them.
+    /// Readers (the operator, `agents session show`) put them back
+    /// transparently.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4096))]
     pub archived_turns: Vec<ArchivedTurnsStatus>,
-    /// The conversation, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub turns: Vec<TurnStatus>,
-    /// The calls of the latest agent turn, tracked until all are final.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub open_turn: Option<OpenTurnStatus>,
-    /// Messages that arrived while the session was busy, not yet sent.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub inbox: Vec<String>,
-    /// Failed model calls in a row.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub model_attempts: u32,
-    /// When the model call is retried.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_retry_at: Option<Time>,
-    /// The driver whose model call is under way, and until when its claim holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_claim: Option<ClaimStatus>,
     /// W3C `traceparent` of the session's latest step span, set while the
     /// operator exports OpenTelemetry traces: every step of the session
     /// joins this trace and links to this span.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The rest of the session's state, exactly as the core serialises it:
+    /// the recent turns, the open turn's calls, the inbox, the model
+    /// call's attempt. Large values are moved out like old turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "stored_state_schema")]
+    pub state: Option<Value>,
+    /// Fields written by earlier versions of the operator (`turns`,
+    /// `openTurn`, ...): read once, and removed by the next status write.
+    #[serde(flatten)]
+    pub earlier: BTreeMap<String, Value>,
 }
 
 /// A chunk of old turns stored outside the status.
@@ -202,140 +200,15 @@ pub struct ArchivedTurnsStatus {
     pub sha256: String,
 }
 
-/// A driver's claim on work with side effects: no other driver starts the
-/// work before `until` unless the holder is known dead.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ClaimStatus {
-    /// The driver holding the claim (an operator replica or a CLI process).
-    pub holder: String,
-    /// When the claim lapses if the holder has not finished.
-    pub until: Time,
-}
-
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct UsageStatus {
-    /// Tokens sent to the model.
-    pub prompt_tokens: u64,
-    /// Tokens the model produced.
-    pub completion_tokens: u64,
-}
+/// What a call waits for: the core's own names.
+pub type WaitingForName = crate::core::WaitingFor;
 
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum Role {
-    /// The user's message and/or tool results.
-    User,
-    /// The model's reply.
-    Agent,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct TurnStatus {
-    /// Who spoke.
-    pub role: Role,
-    /// The user's message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// The model's text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// The model's tool calls.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCallStatus>,
-    /// Tool results, in the model's call order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_results: Vec<ToolResultStatus>,
-    /// Tokens this model turn used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<UsageStatus>,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ToolCallStatus {
-    /// The model's own call id.
-    pub model_call_id: String,
-    /// Tool name.
-    pub name: String,
-    /// Arguments exactly as the model wrote them (JSON text).
-    pub arguments: String,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ToolResultStatus {
-    /// Our call id, `t<turn>-c<index>`.
-    pub call_id: String,
-    /// The model's call id.
-    pub model_call_id: String,
-    /// Tool name.
-    pub tool: String,
-    /// The continuation token, for calls that waited.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-    /// `{status: success, response: {...}}` or `{status: error, message}`.
-    #[schemars(schema_with = "free_form_object")]
-    pub result: Value,
-    /// The `truncate` limit the result was cut to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub truncate_bytes: Option<u64>,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct OpenTurnStatus {
-    /// The agent turn whose calls these are.
-    pub turn: u32,
-    /// The calls, in the model's order.
-    pub calls: Vec<TrackedCallStatus>,
-}
-
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallStateName {
-    /// Classified, not started.
-    Ready,
-    /// Running here.
-    Running,
-    /// Waiting on a continuation.
-    Deferred,
-    /// Final, with a result (which may be an error).
-    Completed,
-    /// Final: ran here and failed.
-    Failed,
-}
-
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum WaitingForName {
-    /// An approve/deny decision.
-    Approval,
-    /// The operator's own background run.
-    Background,
-    /// An isolated run (Job or process).
-    Isolated,
-    /// An outside party.
-    External,
-    /// A task of an MCP server, polled by the operator.
-    McpTask,
-}
-
-/// An MCP task a call became.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskStatus {
-    /// The task's id, as the server gave it.
-    pub id: String,
-    /// How often the server asked to be polled, in milliseconds (the
-    /// operator polls within 1 s and 60 s).
-    pub poll_ms: u64,
-}
+/// A tool call as the model issued it: the core's own form.
+pub type ToolCallStatus = crate::core::ToolCall;
 
 /// The policy decision recorded on a call.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -382,72 +255,4 @@ pub struct AppliedDecoratorsStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16_777_216))]
     pub truncate_bytes: Option<u64>,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ApprovalStatus {
-    /// The decision.
-    pub approved: bool,
-    /// Who decided.
-    pub by: String,
-    /// Why, if given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Arguments an approver put in place of the model's (the call ran
-    /// with these; the model's stay in `call`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub arguments: Option<String>,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct TrackedCallStatus {
-    /// Our call id, `t<turn>-c<index>`.
-    pub id: String,
-    /// The call as the model issued it.
-    pub call: ToolCallStatus,
-    /// Ready, Running, Deferred, Completed or Failed.
-    pub state: CallStateName,
-    /// The policy decision.
-    pub policy: AppliedPolicyStatus,
-    /// The continuation token (`agents session complete TOKEN`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-    /// What a deferred call waits for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting_for: Option<WaitingForName>,
-    /// The approval decision, once made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<ApprovalStatus>,
-    /// The result, once final.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form_object")]
-    pub result: Option<Value>,
-    /// Who supplied the result.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_by: Option<String>,
-    /// Executions started.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub attempts: u32,
-    /// When the current wait gives up.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Time>,
-    /// When a failed attempt is retried.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<Time>,
-    /// The driver running the current attempt, and until when its claim holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<ClaimStatus>,
-    /// The Job running the call, for isolated calls in a cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
-    /// The MCP task the call became: its id and the poll interval the
-    /// server asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<TaskStatus>,
-    /// While the MCP task asks for input: its `inputRequests` (JSON), for
-    /// a person to answer with `agents session answer`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task_asks: Option<String>,
 }

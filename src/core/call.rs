@@ -33,12 +33,17 @@ use std::fmt;
 
 /// The name of a [`CallStage`], as status, errors and the transition
 /// table use it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum CallState {
+    /// Classified, not started.
     Ready,
+    /// Running here.
     Running,
+    /// Waiting on a continuation.
     Deferred,
+    /// Final, with a result (which may be an error).
     Completed,
+    /// Final: ran and failed.
     Failed,
 }
 
@@ -80,7 +85,7 @@ pub struct TransitionError {
 }
 
 /// Why a deferred call waits, so users can tell from `status` what it needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum WaitingFor {
     /// An approve/deny decision.
@@ -98,10 +103,12 @@ pub enum WaitingFor {
 
 /// A task an MCP server made of a `tools/call`: its id, and how often the
 /// server asks to be polled.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskHandle {
+    /// The task's id, as the server gave it.
     pub id: String,
+    /// How often the server asked to be polled, in milliseconds.
     pub poll_ms: u64,
 }
 
@@ -109,10 +116,13 @@ pub struct TaskHandle {
 /// tool run, a background or isolated attempt). It is written with the
 /// same checkpoint that starts the work; another driver leaves claimed work
 /// alone until `until`, or until the driver reports the holder dead.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Claim {
+    /// The driver holding the claim (an operator replica or a CLI process).
     pub holder: String,
+    /// When the claim lapses if the holder has not finished (milliseconds
+    /// since the Unix epoch).
     pub until: Millis,
 }
 
@@ -123,11 +133,14 @@ impl Claim {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Approval {
+    /// The decision.
     pub approved: bool,
+    /// Who decided.
     pub by: String,
+    /// Why, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Arguments an approver put in place of the model's (`allowEdit`);
@@ -314,6 +327,17 @@ pub struct TrackedToolCall {
     /// The MCP task the call became, kept once it ends (like the token).
     task: Option<TaskHandle>,
     stage: CallStage,
+}
+
+/// Stored in its flat form, so its schema is the flat form's.
+impl schemars::JsonSchema for TrackedToolCall {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        flat::FlatCall::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        flat::FlatCall::json_schema(generator)
+    }
 }
 
 impl TrackedToolCall {

@@ -108,20 +108,31 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
     vec![succeeded, failed, waiting, paused]
 }
 
+/// What most needs a person first, and each wait's condition reason.
+const WAITS: [(WaitingFor, &str); 5] = [
+    (WaitingFor::Approval, "AwaitingApproval"),
+    (WaitingFor::External, "AwaitingExternal"),
+    (WaitingFor::McpTask, "AwaitingMcpTask"),
+    (WaitingFor::Isolated, "AwaitingJob"),
+    (WaitingFor::Background, "AwaitingBackground"),
+];
+
+/// What the open calls wait for that most needs a person (approvals
+/// first); `None` when no call waits.
+pub fn most_needed_wait(state: &SessionState) -> Option<WaitingFor> {
+    let pending = state.pending();
+    WAITS
+        .iter()
+        .map(|(w, _)| *w)
+        .find(|w| pending.iter().any(|c| c.waiting_for() == Some(*w)))
+}
+
 /// `Waiting=True`, its reason naming what most needs a person (approvals
 /// first), its message every waiting call's token.
 fn waiting(state: &SessionState) -> Condition {
     let pending = state.pending();
-    let order = [
-        (WaitingFor::Approval, "AwaitingApproval"),
-        (WaitingFor::External, "AwaitingExternal"),
-        (WaitingFor::McpTask, "AwaitingMcpTask"),
-        (WaitingFor::Isolated, "AwaitingJob"),
-        (WaitingFor::Background, "AwaitingBackground"),
-    ];
-    let reason = order
-        .iter()
-        .find(|(w, _)| pending.iter().any(|c| c.waiting_for() == Some(*w)))
+    let reason = most_needed_wait(state)
+        .and_then(|w| WAITS.iter().find(|(x, _)| *x == w))
         .map(|(_, r)| *r)
         .unwrap_or("AwaitingExternal");
     let tokens: Vec<String> = pending

@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A tool call exactly as the model issued it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCall {
     /// The model's own id for this call (OpenAI `tool_calls[].id`), echoed
     /// back to the model with the result.
     pub model_call_id: String,
+    /// The tool's name.
     pub name: String,
     /// Arguments as the model wrote them: a JSON text that should hold an
     /// object, but models sometimes produce malformed JSON.
@@ -116,11 +117,34 @@ impl ToolResponse {
 }
 
 /// The outcome of one call: a response, or an error the model is told about.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "status", rename_all = "camelCase")]
 pub enum ToolResult {
-    Success { response: ToolResponse },
-    Error { message: String },
+    /// The tool answered.
+    Success {
+        /// What the tool answered.
+        response: ToolResponse,
+    },
+    /// The call failed; the model is told why.
+    Error {
+        /// The error, as the model is told it.
+        message: String,
+    },
+}
+
+/// Free-form: a response may nest responses (`mixed`), which a schema
+/// cannot spell out without recursion.
+impl schemars::JsonSchema for ToolResponse {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ToolResponse".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "description": "What the tool answered: `{type: text, content}`, `{type: json, content}`, `{type: media, mimeType, base64Data}` or `{type: mixed, parts}`."
+        })
+    }
 }
 
 impl ToolResult {
@@ -147,10 +171,14 @@ impl ToolResult {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenUsage {
+    /// Tokens sent to the model.
     pub prompt_tokens: u64,
+    /// Tokens the model produced.
     pub completion_tokens: u64,
 }
 
@@ -165,26 +193,34 @@ impl TokenUsage {
 }
 
 /// What the model answered in one step.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentTurn {
+    /// The model's text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The model's tool calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// Tokens this model turn used.
     #[serde(default)]
     pub usage: TokenUsage,
 }
 
 /// One tool result as it goes back to the model, in the model's call order.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolResultEntry {
+    /// Our call id, `t<turn>-c<index>`.
     pub call_id: CallId,
+    /// The model's call id.
     pub model_call_id: String,
+    /// The tool's name.
     pub tool: String,
+    /// The continuation token, for calls that waited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<ContinuationToken>,
+    /// `{status: success, response: {...}}` or `{status: error, message}`.
     pub result: ToolResult,
     /// The `truncate` limit the result was cut to, so a repeated delivery
     /// of the same full result is recognised as the same.
@@ -193,19 +229,23 @@ pub struct ToolResultEntry {
 }
 
 /// A user turn: a message from the user, tool results, or both.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserTurn {
+    /// The user's message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Tool results, in the model's call order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_results: Vec<ToolResultEntry>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "role", rename_all = "camelCase")]
 pub enum Turn {
+    /// The user's message and/or tool results.
     User(UserTurn),
+    /// The model's reply.
     Agent(AgentTurn),
 }
 

@@ -9,7 +9,9 @@ use std::fmt;
 pub const MAX_NAME_LEN: usize = 63;
 
 /// A session's name: the `Session` object name, or the name given to `agents run`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct SessionId(pub String);
 
@@ -59,6 +61,17 @@ impl Serialize for CallId {
     }
 }
 
+/// Stored as its text, `t<turn>-c<index>`.
+impl schemars::JsonSchema for CallId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CallId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "pattern": "^t[0-9]+-c[0-9]+$" })
+    }
+}
+
 impl<'de> Deserialize<'de> for CallId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -71,7 +84,9 @@ impl<'de> Deserialize<'de> for CallId {
 /// name, so it maps to exactly one object without knowing the session.
 /// It is derived, not random: completing requires write access to the
 /// continuation, so the token is an address, not a secret.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(transparent)]
 pub struct ContinuationToken(pub String);
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Where a container-backed call runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IsolationSpec {
     /// Container image (Job runner). Empty for the process runner.
@@ -21,6 +21,7 @@ pub struct IsolationSpec {
     /// Command to run; the envelope arrives on stdin, the result goes to stdout.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Arguments to the command.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Resource limits, e.g. `{"cpu": "500m", "memory": "128Mi"}`.
@@ -35,9 +36,10 @@ pub struct IsolationSpec {
 /// A variable (or an `http` tool's header) named by a tool's definition:
 /// a literal value, or a Secret key the user opts into. Only the
 /// reference is stored; the value is read when the tool starts.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvVarSpec {
+    /// The variable's name.
     pub name: String,
     /// A literal, non-secret value (it is stored with the session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,10 +52,12 @@ pub struct EnvVarSpec {
 
 /// A key of a Secret: in a cluster the Secret object, standalone the
 /// environment variable `AGENTS_SECRET_<NAME>_<KEY>` of the worker.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
+    /// The Secret's name.
     pub name: String,
+    /// The key in the Secret.
     pub key: String,
 }
 
@@ -98,7 +102,7 @@ impl EnvVarSpec {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "mode", rename_all = "camelCase")]
 pub enum Disposition {
     /// Run now, inside the step.
@@ -107,9 +111,15 @@ pub enum Disposition {
     /// Run in the background; the session yields until it is done.
     RunAsync,
     /// Run in isolation (a Job in a cluster, a child process standalone).
-    RunIsolated { spec: IsolationSpec },
+    RunIsolated {
+        /// Where it runs.
+        spec: IsolationSpec,
+    },
     /// Wait for an outside party to supply the result.
-    Defer { reason: String },
+    Defer {
+        /// Why it waits.
+        reason: String,
+    },
 }
 
 impl Disposition {
@@ -123,7 +133,7 @@ impl Disposition {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Decorators {
     /// Wait for an approve/deny decision before running.
@@ -148,7 +158,7 @@ pub struct Decorators {
 }
 
 /// Named approvers, a quorum and a timeout for an approval.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalPolicy {
     /// User names that may decide; with no groups or service accounts
@@ -176,7 +186,9 @@ pub struct ApprovalPolicy {
 }
 
 /// What happens when nobody reached a verdict in time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum OnTimeout {
     /// The call is denied; the model is told nobody decided.
@@ -224,10 +236,13 @@ pub struct Policy {
 }
 
 /// The decision recorded on a call: what it ran as and why.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedPolicy {
+    /// How the call runs: `{mode: runSync | runAsync | runIsolated | defer}`,
+    /// with `spec` (runIsolated) or `reason` (defer).
     pub disposition: Disposition,
+    /// The decorators the call runs under.
     #[serde(default)]
     pub decorators: Decorators,
     /// Index of the matching rule; `None` when the default applied.

@@ -173,7 +173,9 @@ pub struct Limits {
 /// what a model asks for in earnest, far below what would burst a status.
 pub const DEFAULT_MAX_CALLS_PER_REPLY: u32 = 64;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Phase {
     /// No user input yet.
     #[default]
@@ -184,7 +186,9 @@ pub enum Phase {
     RunningTools,
     /// Every open call is deferred: the session has yielded.
     Waiting,
+    /// The model gave its final answer.
     Succeeded,
+    /// The session stopped on an error.
     Failed,
 }
 
@@ -196,42 +200,55 @@ impl Phase {
 
 /// The open turn: the calls of the latest agent turn, tracked until every
 /// one is final; then it becomes a full [`UserTurn`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PartialUserTurn {
+    /// The agent turn whose calls these are.
     pub turn: u32,
+    /// The calls, in the model's order.
     pub calls: Vec<TrackedToolCall>,
 }
 
 /// Everything a store keeps about a session.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionState {
+    /// The session's name.
     pub id: SessionId,
+    /// Where the session is, as the core tracks it.
     pub phase: Phase,
+    /// Held: no model or tool call starts.
     #[serde(default)]
     pub paused: bool,
+    /// The conversation, oldest first.
     #[serde(default)]
     pub turns: Vec<Turn>,
+    /// The calls of the latest agent turn, tracked until all are final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open: Option<PartialUserTurn>,
     /// User messages that arrived while the session was busy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inbox: Vec<String>,
+    /// Model turns taken.
     #[serde(default)]
     pub agent_turns: u32,
+    /// Token usage summed over the session.
     #[serde(default)]
     pub usage: TokenUsage,
+    /// The final answer, once the session succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// Why the session failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// Failed model calls in a row.
     #[serde(default)]
     pub model_attempts: u32,
     /// The model call's current attempt: the driver whose call is under
     /// way, or when a failed call is retried (stored as `modelRetryAt` and
     /// `modelClaim`).
     #[serde(flatten, with = "flat::model_attempt")]
+    #[schemars(with = "flat::model_attempt::Fields")]
     pub model_attempt: Attempt,
     /// How many user messages the session has taken in (from `spec.messages`),
     /// so a driver re-reading them never sends one twice.

@@ -202,6 +202,8 @@ pub struct Context {
     pub mcp: Arc<crate::tools::mcp::McpPool>,
     /// Reconcile slots per namespace.
     slots: Arc<slots::NamespaceSlots>,
+    /// Sessions as the watch delivered them, whole, for their next step.
+    handed: crate::store::kube::HandedSessions,
 }
 
 impl Context {
@@ -241,6 +243,7 @@ impl Context {
             announced: Mutex::default(),
             mcp: Arc::default(),
             slots: slots::NamespaceSlots::new(per_namespace(opts, ns).into()),
+            handed: Default::default(),
         }
     }
 }
@@ -571,13 +574,20 @@ pub async fn run_with(
     );
     let (sessions, writer) = kube::runtime::reflector::store::<Session>();
     let (agents_seen, agents_writer) = kube::runtime::reflector::store::<Agent>();
+    let ctx_handed = crate::store::kube::HandedSessions::default();
     let session_events = tracked_watch(
         api::<Session>(&watching, ns),
         watcher::Config::default(),
         &health,
         format!("watch sessions/{scope}"),
     )
-    .modify(keep_what_reconcile_reads)
+    .modify({
+        let handed = ctx_handed.clone();
+        move |s| {
+            handed.hand_in(s);
+            keep_what_reconcile_reads(s)
+        }
+    })
     .reflect(writer)
     .applied_objects();
     let controller = Controller::for_stream(session_events, sessions.clone());
@@ -586,7 +596,7 @@ pub async fn run_with(
         wake_tx.clone(),
         opts.max_background_runs_per_namespace.into(),
     ));
-    let ctx = Arc::new(Context::new(
+    let mut context = Context::new(
         &client,
         ns,
         &opts,
@@ -594,7 +604,9 @@ pub async fn run_with(
         background.clone(),
         metrics,
         agents_seen,
-    ));
+    );
+    context.handed = ctx_handed;
+    let ctx = Arc::new(context);
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
@@ -774,10 +786,11 @@ async fn resync_loop(
 }
 
 /// What the operator keeps of each watched Session: its identity, how it
-/// names its agent, its phase, conditions and counters. Every step reads
-/// the session afresh, so the conversation (status turns, messages), the
-/// managed fields and kubectl's last-applied copy are dropped as they
-/// arrive: memory grows with the number of sessions, not their length.
+/// names its agent, its phase, conditions and counters. A step starts
+/// from the whole object, handed to it beside this cache, so the
+/// conversation (`status.state`, messages), the managed fields and
+/// kubectl's last-applied copy are dropped here as they arrive: memory
+/// grows with the number of sessions, not their length.
 fn keep_what_reconcile_reads(session: &mut Session) {
     session.metadata.managed_fields = None;
     if let Some(notes) = session.metadata.annotations.as_mut() {
@@ -789,8 +802,7 @@ fn keep_what_reconcile_reads(session: &mut Session) {
             phase: status.phase,
             conditions: status.conditions,
             observed_generation: status.observed_generation,
-            paused: status.paused,
-            retries_seen: status.retries_seen,
+            retries_taken: status.retries_taken,
             ..Default::default()
         });
     }
@@ -1138,7 +1150,9 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     if let Some(wait) = retention_wait(&session, ttl, SystemClock.now()) {
         return retain_or_delete(&ctx, &session, &ns, wait).await;
     }
-    let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
+    let store = KubeStore::new(ctx.client.clone(), &ns)
+        .with_cache(ctx.cache.clone())
+        .starting_from(ctx.handed.take(&ns, &name));
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
@@ -1212,7 +1226,7 @@ fn retention_wait(
 ) -> Option<Duration> {
     let ttl = ttl?;
     let status = session.status.as_ref()?;
-    if session.spec.retry.unwrap_or(0) > status.retries_seen {
+    if session.spec.retry.unwrap_or(0) > status.retries_taken {
         return None;
     }
     let finished = status

@@ -24,8 +24,8 @@
 //!
 //! Sessions are created by `kubectl apply`; nothing here creates one.
 
-use crate::api::convert;
-use crate::api::session::{SessionSpec, SessionStatus};
+use crate::api::session::{SessionPhase, SessionSpec, SessionStatus};
+use crate::api::{convert, legacy, stored};
 use crate::api::{Agent, Continuation, Session};
 use crate::core::acceptance::{self, Verdict};
 use crate::core::conditions::{self, Status as CondStatus};
@@ -110,7 +110,39 @@ pub struct KubeStore {
     configmaps: Api<ConfigMap>,
     /// Spilled blobs read or written (immutable, so never stale).
     blobs: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    /// The Session a watch handed in: the first load starts from it
+    /// instead of reading it again; a load after a conflict reads.
+    handed: Arc<Mutex<Option<Session>>>,
     client: Client,
+}
+
+/// The newest whole Session objects a watch delivered, each kept until a
+/// step takes it. A driver whose cache keeps trimmed copies (so memory
+/// grows with the number of sessions, not their length) hands them in
+/// here, so the step need not read again what the watch just delivered.
+#[derive(Clone, Default)]
+pub struct HandedSessions(Arc<Mutex<HashMap<(String, String), Session>>>);
+
+/// Objects kept at most: each waits only for its reconcile, and one whose
+/// reconcile never comes (it was deleted) must not pile up.
+const HANDED_MOST: usize = 4096;
+
+impl HandedSessions {
+    /// Keeps `session` (the watch's newest) for its next step.
+    pub fn hand_in(&self, session: &Session) {
+        let key = (session.namespace().unwrap_or_default(), session.name_any());
+        let mut kept = self.0.lock().expect("handed lock");
+        if kept.len() >= HANDED_MOST && !kept.contains_key(&key) {
+            kept.clear();
+        }
+        kept.insert(key, session.clone());
+    }
+
+    /// The object the watch last handed in for `namespace/name`, once.
+    pub fn take(&self, namespace: &str, name: &str) -> Option<Session> {
+        let key = (namespace.to_string(), name.to_string());
+        self.0.lock().expect("handed lock").remove(&key)
+    }
 }
 
 /// A Continuation result larger than this (as JSON) spills into blobs; a
@@ -129,6 +161,7 @@ impl KubeStore {
             configmaps: Api::namespaced(client.clone(), namespace),
             client,
             blobs: Default::default(),
+            handed: Default::default(),
             report: Arc::new(StateConditions),
             seen: Default::default(),
             listed: Default::default(),
@@ -156,6 +189,14 @@ impl KubeStore {
     /// the state's own, [`StateConditions`]).
     pub fn with_report(mut self, report: Arc<dyn StatusReport>) -> Self {
         self.report = report;
+        self
+    }
+
+    /// Starts the first load from `session`, as a watch delivered it,
+    /// instead of reading it again. A stale one costs a conflict on the
+    /// first write, and the load after it reads afresh.
+    pub fn starting_from(self, session: Option<Session>) -> Self {
+        *self.handed.lock().expect("handed lock") = session;
         self
     }
 
@@ -207,6 +248,10 @@ impl KubeStore {
         if let Some(status) = obj.status.as_mut() {
             let name = obj.metadata.name.clone().unwrap_or_default();
             let uid = obj.metadata.uid.clone().unwrap_or_default();
+            legacy::upgrade(status).map_err(|e| StoreError::Corrupt {
+                what: format!("session {name} (status)"),
+                why: e.to_string(),
+            })?;
             spill::unpack(status, |blob| self.fetch_blob(&uid, blob))
                 .await
                 .map_err(|why| StoreError::Corrupt {
@@ -339,8 +384,14 @@ impl KubeStore {
     }
 
     async fn load_record(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>> {
-        let Some(obj) = self.get_session(id).await? else {
-            return Ok(None);
+        let handed = self.handed.lock().expect("handed lock").take();
+        let handed = handed.filter(|s| s.name_any() == id.0);
+        let obj = match handed {
+            Some(obj) => obj,
+            None => match self.get_session(id).await? {
+                Some(obj) => obj,
+                None => return Ok(None),
+            },
         };
         let record = self.read_session(&obj).await?;
         self.remember(&id.0, seen_of(&obj));
@@ -366,7 +417,7 @@ impl KubeStore {
                 seen_of(&obj)
             }
         };
-        let mut status = convert::session_status(&record.state);
+        let mut status = stored::session_status(&record.state);
         status.traceparent.clone_from(&record.trace);
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
@@ -535,7 +586,7 @@ impl KubeStore {
             out.push(SessionSummary {
                 id: SessionId(name),
                 phase,
-                paused: status.paused || s.spec.paused,
+                paused: status.phase == SessionPhase::Paused || s.spec.paused,
                 pending: status.pending_count as usize,
                 updated_at: updated,
             });
@@ -1032,7 +1083,7 @@ pub fn session_record(obj: &Session) -> StoreResult<SessionRecord> {
     let id = SessionId(name.clone());
     let state = match &obj.status {
         None => SessionState::new(id.clone()),
-        Some(status) => convert::session_state(&id, status).map_err(|e| StoreError::Corrupt {
+        Some(status) => stored::session_state(&id, status).map_err(|e| StoreError::Corrupt {
             what: format!("session {name} (status)"),
             why: e.to_string(),
         })?,
@@ -1060,7 +1111,7 @@ pub fn session_record(obj: &Session) -> StoreResult<SessionRecord> {
 fn listed_phase(name: &str, status: &SessionStatus) -> crate::core::Phase {
     use crate::api::session::SessionPhase as Shown;
     use crate::core::Phase;
-    if let Ok(state) = convert::session_state(&SessionId(name.into()), status) {
+    if let Ok(state) = stored::session_state(&SessionId(name.into()), status) {
         return state.phase;
     }
     match status.phase {
@@ -1375,9 +1426,9 @@ mod tests {
         }));
         state.turns.push(Turn::Agent(AgentTurn::default()));
         state.phase = crate::core::Phase::Succeeded;
-        let mut status = convert::session_status(&state);
+        let mut status = stored::session_status(&state);
         assert!(!spill::pack(&mut status, "s", spill::STATUS_BUDGET_BYTES).is_empty());
-        let unread = convert::session_state(&SessionId("s".into()), &status);
+        let unread = stored::session_state(&SessionId("s".into()), &status);
         assert!(unread.is_err(), "a spilled result reads as no result");
         assert_eq!(listed_phase("s", &status), crate::core::Phase::Succeeded);
     }
@@ -1437,6 +1488,48 @@ mod tests {
                 }
             }
             other => *target = other.clone(),
+        }
+    }
+
+    /// A Session as the operator wrote it before the state moved into
+    /// `status.state` (tests/fixtures: its spilled blobs beside it, and the
+    /// core state it was written from).
+    #[tokio::test]
+    async fn a_status_in_the_earlier_form_loads_as_the_state_it_was_written_from() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let read = |name: &str| std::fs::read_to_string(fixtures.join(name)).unwrap();
+        let expected: SessionState =
+            serde_json::from_str(&read("legacy-session-state.json")).unwrap();
+        let blobs: BTreeMap<String, ByteString> =
+            serde_json::from_str(&read("legacy-session-blobs.json")).unwrap();
+        for file in ["legacy-session.json", "legacy-session-archived.json"] {
+            let obj: Session = serde_json::from_str(&read(file)).unwrap();
+            loads_as(&obj, &blobs, &expected).await;
+        }
+    }
+
+    async fn loads_as(
+        obj: &Session,
+        blobs: &BTreeMap<String, ByteString>,
+        expected: &SessionState,
+    ) {
+        let old = obj.status.clone().unwrap();
+        assert!(old.state.is_none() && old.earlier.contains_key("openTurn"));
+        let mut status = old.clone();
+        legacy::upgrade(&mut status).unwrap();
+        spill::unpack(&mut status, |name| {
+            let data = blobs.get(&name).map(|b| b.0.clone());
+            async move { data.ok_or_else(|| format!("no blob {name}")) }
+        })
+        .await
+        .unwrap();
+        let state = stored::session_state(&SessionId(obj.name_any()), &status).unwrap();
+        assert_eq!(&state, expected);
+        // The next write removes every field of the earlier form.
+        let new = serde_json::to_value(stored::session_status(&state)).unwrap();
+        let patch = merge_patch(&serde_json::to_value(&old).unwrap(), &new);
+        for key in old.earlier.keys() {
+            assert_eq!(patch.get(key), Some(&Value::Null), "{key} stays");
         }
     }
 

@@ -24,7 +24,7 @@
 //! Blobs become immutable ConfigMaps owned by the Session (garbage collected
 //! with it); this module only decides what goes where.
 
-use crate::api::session::{ArchivedTurnsStatus, SessionStatus, TurnStatus};
+use crate::api::session::{ArchivedTurnsStatus, SessionStatus};
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use serde::{Deserialize, Serialize};
@@ -242,29 +242,58 @@ fn spill_text(session: &str, kind: &str, text: &mut String, out: &mut Vec<Blob>)
     *text = json!({ "spilled": marker }).to_string();
 }
 
-fn spill_turn(session: &str, turn: &mut TurnStatus, out: &mut Vec<Blob>) {
-    for r in turn.tool_results.iter_mut() {
-        spill_result(session, &mut r.result, out);
+/// The items of the array at `key` in `v`, if any.
+fn items<'a>(v: &'a mut Value, key: &str) -> impl Iterator<Item = &'a mut Value> {
+    v.get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
+/// The turns still inline in `status.state`.
+fn inline_turns(status: &mut SessionStatus) -> Option<&mut Vec<Value>> {
+    status.state.as_mut()?.get_mut("turns")?.as_array_mut()
+}
+
+/// The string at `key` in `v`, if it is one.
+fn text_at<'a>(v: &'a mut Value, key: &str) -> Option<&'a mut String> {
+    match v.get_mut(key) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
     }
-    for c in turn.tool_calls.iter_mut() {
-        spill_text(session, "a", &mut c.arguments, out);
+}
+
+fn spill_turn(session: &str, turn: &mut Value, out: &mut Vec<Blob>) {
+    for r in items(turn, "toolResults") {
+        if let Some(result) = r.get_mut("result") {
+            spill_result(session, result, out);
+        }
     }
-    if let Some(text) = turn.text.as_mut() {
+    for c in items(turn, "toolCalls") {
+        if let Some(arguments) = text_at(c, "arguments") {
+            spill_text(session, "a", arguments, out);
+        }
+    }
+    if let Some(text) = text_at(turn, "text") {
         spill_text(session, "x", text, out);
     }
 }
 
 /// Spills every large result, argument and text, wherever it is.
 fn spill_values(status: &mut SessionStatus, session: &str, out: &mut Vec<Blob>) {
-    for turn in status.turns.iter_mut() {
+    for turn in inline_turns(status).into_iter().flatten() {
         spill_turn(session, turn, out);
     }
-    if let Some(open) = status.open_turn.as_mut() {
-        for c in open.calls.iter_mut() {
-            spill_text(session, "a", &mut c.call.arguments, out);
-            if let Some(r) = c.result.as_mut() {
-                spill_result(session, r, out);
-            }
+    let open = status.state.as_mut().and_then(|s| s.get_mut("open"));
+    for c in open.into_iter().flat_map(|o| items(o, "calls")) {
+        if let Some(arguments) = c
+            .get_mut("call")
+            .and_then(|call| text_at(call, "arguments"))
+        {
+            spill_text(session, "a", arguments, out);
+        }
+        if let Some(r) = c.get_mut("result") {
+            spill_result(session, r, out);
         }
     }
     if let Some(answer) = status.answer.as_mut() {
@@ -274,7 +303,7 @@ fn spill_values(status: &mut SessionStatus, session: &str, out: &mut Vec<Blob>) 
 }
 
 /// How many of `turns` (at least one) make the next chunk.
-fn chunk_len(turns: &[TurnStatus]) -> usize {
+fn chunk_len(turns: &[Value]) -> usize {
     let mut bytes = 0;
     turns
         .iter()
@@ -289,7 +318,7 @@ fn chunk_len(turns: &[TurnStatus]) -> usize {
 fn archive(
     session: &str,
     first_turn: u32,
-    chunk: &[TurnStatus],
+    chunk: &[Value],
     out: &mut Vec<Blob>,
 ) -> ArchivedTurnsStatus {
     let json = serde_json::to_vec(chunk).expect("turns serialise");
@@ -308,9 +337,14 @@ fn archive(
 fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: &mut Vec<Blob>) {
     let mut first_turn = 0;
     for keep in [KEEP_RECENT_TURNS, 0] {
-        while status.turns.len() > keep && stored_bytes(status) > target {
-            let n = chunk_len(&status.turns[..status.turns.len() - keep]);
-            let chunk: Vec<TurnStatus> = status.turns.drain(..n).collect();
+        loop {
+            let inline = inline_turns(status).map_or(0, |t| t.len());
+            if inline <= keep || stored_bytes(status) <= target {
+                break;
+            }
+            let turns = inline_turns(status).expect("turns counted above");
+            let n = chunk_len(&turns[..inline - keep]);
+            let chunk: Vec<Value> = turns.drain(..n).collect();
             status
                 .archived_turns
                 .push(archive(session, first_turn, &chunk, out));
@@ -401,18 +435,22 @@ where
     Ok(())
 }
 
-async fn unspill_turn<F, Fut>(turn: &mut TurnStatus, fetch: &F) -> Result<(), String>
+async fn unspill_turn<F, Fut>(turn: &mut Value, fetch: &F) -> Result<(), String>
 where
     F: Fn(String) -> Fut,
     Fut: Future<Output = Result<Vec<u8>, String>>,
 {
-    for r in turn.tool_results.iter_mut() {
-        unspill_result(&mut r.result, fetch).await?;
+    for r in items(turn, "toolResults") {
+        if let Some(result) = r.get_mut("result") {
+            unspill_result(result, fetch).await?;
+        }
     }
-    for c in turn.tool_calls.iter_mut() {
-        unspill_text(&mut c.arguments, fetch).await?;
+    for c in items(turn, "toolCalls") {
+        if let Some(arguments) = text_at(c, "arguments") {
+            unspill_text(arguments, fetch).await?;
+        }
     }
-    if let Some(text) = turn.text.as_mut() {
+    if let Some(text) = text_at(turn, "text") {
         unspill_text(text, fetch).await?;
     }
     Ok(())
@@ -427,7 +465,9 @@ where
     let mut turns = Vec::new();
     for a in std::mem::take(&mut status.archived_turns) {
         let json = read_blobs(&a.blobs, &a.sha256, fetch).await?;
-        let chunk: Vec<TurnStatus> = serde_json::from_slice(&json).map_err(|e| {
+        // Chunks written before the state moved into `status.state` hold
+        // turns in the same form: they read alike.
+        let chunk: Vec<Value> = serde_json::from_slice(&json).map_err(|e| {
             format!(
                 "archived turns in {} are not readable: {e}",
                 a.blobs.join(", ")
@@ -435,8 +475,12 @@ where
         })?;
         turns.extend(chunk);
     }
-    turns.append(&mut status.turns);
-    status.turns = turns;
+    if let Some(inline) = inline_turns(status) {
+        turns.append(inline);
+        *inline = turns;
+    } else if let Some(state) = status.state.as_mut().and_then(Value::as_object_mut) {
+        state.insert("turns".into(), Value::Array(turns));
+    }
     Ok(())
 }
 
@@ -447,15 +491,19 @@ where
     Fut: Future<Output = Result<Vec<u8>, String>>,
 {
     unarchive(status, &fetch).await?;
-    for turn in status.turns.iter_mut() {
+    for turn in inline_turns(status).into_iter().flatten() {
         unspill_turn(turn, &fetch).await?;
     }
-    if let Some(open) = status.open_turn.as_mut() {
-        for c in open.calls.iter_mut() {
-            unspill_text(&mut c.call.arguments, &fetch).await?;
-            if let Some(r) = c.result.as_mut() {
-                unspill_result(r, &fetch).await?;
-            }
+    let open = status.state.as_mut().and_then(|s| s.get_mut("open"));
+    for c in open.into_iter().flat_map(|o| items(o, "calls")) {
+        if let Some(arguments) = c
+            .get_mut("call")
+            .and_then(|call| text_at(call, "arguments"))
+        {
+            unspill_text(arguments, &fetch).await?;
+        }
+        if let Some(r) = c.get_mut("result") {
+            unspill_result(r, &fetch).await?;
         }
     }
     if let Some(answer) = status.answer.as_mut() {
@@ -483,7 +531,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::convert::{session_state, session_status};
+    use crate::api::stored::{session_state, session_status};
     use crate::core::conversation::{AgentTurn, ToolResultEntry, UserTurn};
     use crate::core::{CallId, SessionId, SessionState, ToolResult, Turn};
     use std::collections::BTreeMap;
@@ -628,17 +676,28 @@ mod tests {
         Ok(status)
     }
 
-    fn strings_of(status: &SessionStatus) -> Vec<&String> {
-        let turns = status.turns.iter().flat_map(|t| {
-            t.text
-                .iter()
-                .chain(t.tool_calls.iter().map(|c| &c.arguments))
-        });
-        let open = status.open_turn.iter().flat_map(|o| o.calls.iter());
-        turns
-            .chain(open.map(|c| &c.call.arguments))
-            .chain(status.answer.iter())
-            .collect()
+    /// How many turns are inline in the status.
+    fn inline(status: &SessionStatus) -> usize {
+        let turns = status.state.as_ref().and_then(|s| s["turns"].as_array());
+        turns.map_or(0, Vec::len)
+    }
+
+    fn strings_of(status: &SessionStatus) -> Vec<String> {
+        let state = status.state.clone().unwrap_or_default();
+        let text = |v: &Value| v.as_str().map(str::to_string);
+        let mut out: Vec<String> = Vec::new();
+        for t in state["turns"].as_array().into_iter().flatten() {
+            out.extend(text(&t["text"]));
+            let calls = t["toolCalls"].as_array().into_iter().flatten();
+            out.extend(calls.filter_map(|c| text(&c["arguments"])));
+        }
+        let open = state["open"]["calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        out.extend(open.iter().filter_map(|c| text(&c["call"]["arguments"])));
+        out.extend(status.answer.clone());
+        out
     }
 
     #[test]
@@ -722,13 +781,9 @@ mod tests {
         let blobs = pack(&mut status, "heavy", STATUS_BUDGET_BYTES);
         let size = stored_bytes(&status);
         assert!(size <= STATUS_BUDGET_BYTES, "{size}");
-        assert!(
-            status.turns.len() < KEEP_RECENT_TURNS,
-            "{}",
-            status.turns.len()
-        );
+        assert!(inline(&status) < KEEP_RECENT_TURNS, "{}", inline(&status));
         let archived: u32 = status.archived_turns.iter().map(|a| a.turns).sum();
-        assert_eq!(archived as usize + status.turns.len(), 10);
+        assert_eq!(archived as usize + inline(&status), 10);
         let back = unpacked(status, blobs).unwrap();
         assert_eq!(session_state(&state.id, &back).unwrap(), state);
     }
@@ -740,7 +795,7 @@ mod tests {
         let mut status = session_status(&state);
         pack(&mut status, "heavy", STATUS_BUDGET_BYTES);
         assert!(!status.archived_turns.is_empty());
-        assert_eq!(status.turns.len(), KEEP_RECENT_TURNS);
+        assert_eq!(inline(&status), KEEP_RECENT_TURNS);
     }
 
     #[test]
@@ -759,7 +814,7 @@ mod tests {
         let blobs = pack(&mut status, "heavy", tight.target);
         let size = stored_bytes(&status);
         assert!(tight.admit(size).is_ok(), "{size} > {}", tight.limit);
-        assert!(status.turns.is_empty());
+        assert_eq!(inline(&status), 0);
         let back = unpacked(status, blobs).unwrap();
         assert_eq!(session_state(&state.id, &back).unwrap(), state);
     }

@@ -14,30 +14,45 @@ use crate::core::policy::AppliedPolicy;
 use crate::core::time::Millis;
 use serde::{Deserialize, Serialize};
 
-/// The field order is the stored JSON's: keep it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One tool call of the open turn, as stored: one field per datum.
+// The field order is the stored JSON's: keep it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlatCall {
+    /// Our call id, `t<turn>-c<index>`.
     pub id: CallId,
+    /// The call as the model issued it.
     pub call: ToolCall,
+    /// Ready, Running, Deferred, Completed or Failed.
     pub state: CallState,
+    /// The policy decision: how the call runs, and under which decorators.
     pub policy: AppliedPolicy,
+    /// The continuation token (`agents session complete TOKEN`), once the
+    /// call waited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<ContinuationToken>,
+    /// What a deferred call waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<WaitingFor>,
+    /// The approval decision, once made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// The result, once final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<ToolResult>,
+    /// Who supplied the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_by: Option<String>,
+    /// Executions started (retries count here).
     #[serde(default)]
     pub attempts: u32,
+    /// When the current wait gives up (milliseconds since the Unix epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Millis>,
+    /// When a failed attempt is retried (milliseconds since the Unix epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<Millis>,
+    /// The driver running the current attempt, and until when its claim holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Claim>,
     /// The MCP task the call became.
@@ -186,11 +201,15 @@ pub mod model_attempt {
     use super::{Attempt, Claim, Millis};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    #[derive(Serialize, Deserialize)]
+    #[derive(Serialize, Deserialize, schemars::JsonSchema)]
     #[serde(rename_all = "camelCase")]
-    struct Fields {
+    pub struct Fields {
+        /// When the failed model call is tried again (milliseconds since
+        /// the Unix epoch).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model_retry_at: Option<Millis>,
+        /// The driver whose model call is under way, and until when its
+        /// claim holds.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model_claim: Option<Claim>,
     }
