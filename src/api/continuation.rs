@@ -183,7 +183,7 @@ pub struct ContinuationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     /// Answers to the call's MCP task's request for input (the
-    /// `inputRequests` in the Session's `status.openTurn.calls[].taskAsks`):
+    /// `inputRequests` in the Session's `status.state.open.calls[].taskAsks`):
     /// an `inputResponses` object as JSON, written by `agents session
     /// answer`, delivered with `tasks/update`. A later answer replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -61,7 +61,7 @@ pub struct SessionSpec {
     pub limits: Option<LimitsSpec>,
     /// Retry a session that Failed (e.g. its model was unreachable): set
     /// or raise this number and the operator retries once per increase
-    /// (it compares it with `status.retriesSeen`). It can only go up.
+    /// (it compares it with `status.retriesTaken`). It can only go up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<u32>,
     /// Delete the session (and with it its Continuations) this many seconds
