@@ -1,4 +1,4 @@
-"""Drives the approvals page in headless Chromium (tests/cluster_ui.rs).
+"""Drives the approvals page in headless Chromium (tests/cluster_suite/cluster_ui.rs).
 
 usage: click.py URL TOKEN BUTTON [SCREENSHOT]
 Opens URL, finds the waiting call TOKEN, opens it, clicks the button whose

@@ -1,0 +1,21 @@
+//! Cluster tests that need the test cluster to themselves: they kill or
+//! pause its components (chaos), load it with a thousand sessions (burst,
+//! scale), read the API server's and etcd's own counters (killloop, scale),
+//! or install the chart with an operator that watches every namespace
+//! (helm). Each module is one former `tests/cluster_*.rs` file; before the
+//! files were merged, cargo ran one test binary at a time, so no two of
+//! these ever overlapped, nor did they overlap with `cluster_suite`.
+//!
+//! Keep it so: run one module at a time, as tests/cluster/test-run does:
+//! `cargo test --test cluster_exclusive cluster_chaos::`. Without a
+//! cluster (and without AGENTS_REQUIRE_CLUSTER=1) every test prints
+//! "skipped", so a plain `cargo test` stays harmless.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster_burst;
+mod cluster_chaos;
+mod cluster_helm;
+mod cluster_killloop;
+mod cluster_scale;

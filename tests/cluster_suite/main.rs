@@ -1,0 +1,29 @@
+//! The cluster tests, one binary (issue 28, item 7): each module is one
+//! former `tests/cluster_*.rs` file, and its tests run side by side with the
+//! other modules' tests, as tests in one file always did. They use a real
+//! API server, etcd and kubelet (tests/cluster/up) and print "skipped"
+//! without one unless AGENTS_REQUIRE_CLUSTER=1.
+//!
+//! One module: `cargo test --test cluster_suite cluster_jobs::`.
+//! Tests that need the cluster to themselves live in `cluster_exclusive`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster_approvals;
+mod cluster_crds;
+mod cluster_fairness;
+mod cluster_isolated;
+mod cluster_jobs;
+mod cluster_lease;
+mod cluster_mcp;
+mod cluster_notify;
+mod cluster_operator;
+mod cluster_secrets;
+mod cluster_slots;
+mod cluster_smoke;
+mod cluster_storage;
+mod cluster_tenant;
+mod cluster_tracing;
+mod cluster_ui;
+mod cluster_writes;

@@ -1,0 +1,6 @@
+//! The pure core's tests, one binary (issue 28, item 7): the session state
+//! machine case by case, and its properties (proptest; the regressions file
+//! sits beside the module). Each module is one former `tests/core_*.rs`.
+
+mod core_properties;
+mod core_session;
