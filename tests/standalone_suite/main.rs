@@ -10,6 +10,7 @@ mod support;
 
 mod cli_surface;
 mod engine_fence;
+mod standalone_anthropic;
 mod standalone_bounded;
 mod standalone_claims;
 mod standalone_cli;

@@ -11,7 +11,7 @@
 //! - At the adapter: 429 and 529 with `retry-after`, a 401 that names the
 //!   Secret and hides the key, a reply cut at `max_tokens`.
 
-mod support;
+use crate::support;
 
 use agents::core::{ToolSchema, Turn, UserTurn};
 use agents::model::{AnthropicModel, ModelError, ModelRequest};

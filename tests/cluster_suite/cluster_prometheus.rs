@@ -15,7 +15,7 @@
 //! prometheus (tests/cluster/install-deps); skipped without them unless
 //! AGENTS_REQUIRE_CLUSTER=1.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
