@@ -8,8 +8,8 @@
 //!   lease, observe                        (the operator's infrastructure)
 //!   engine | agent                        (know no driver)
 //!   store, runner, model, tools,          (adapters: ports, never the engine)
-//!   telemetry
-//!   ports                                 (traits and records)
+//!   telemetry, host
+//!   ports                                 (traits and records; core types only)
 //!   api                                   (CRD types and their mapping)
 //!   core                                  (pure)
 //! ```
@@ -28,6 +28,7 @@ const ORDER: &[&str] = &[
     "store",
     "runner",
     "telemetry",
+    "host",
     "engine",
     "agent",
     "lease",
@@ -46,11 +47,13 @@ fn allowed(module: &str) -> &'static [&'static str] {
     match module {
         "core" => &[],
         "api" => &["core"],
-        "ports" => &["core", "api"],
+        // The ports speak core types only: no CRD type (and so no
+        // Kubernetes derive) reaches the engine through them.
+        "ports" => &["core"],
         "http" => &[],
         "model" | "tools" => &["core", "ports", "http"],
         "store" | "runner" => ADAPTER,
-        "telemetry" => &["core", "ports"],
+        "telemetry" | "host" => &["core", "ports"],
         "engine" => &["core", "ports"],
         "agent" => &["core", "api", "ports", "http", "model", "tools"],
         "lease" | "observe" => &["core", "ports", "engine"],
@@ -66,6 +69,7 @@ fn allowed(module: &str) -> &'static [&'static str] {
             "store",
             "runner",
             "telemetry",
+            "host",
             "engine",
             "agent",
         ],
