@@ -429,20 +429,9 @@ impl JobRunner {
             Ok(None) => {}
             Err(e) => return api_failure(&format!("reading Job {name}"), e),
         }
-        let text = serde_json::to_string(envelope).expect("envelopes serialise");
-        let source = if text.len() <= ANNOTATION_ENVELOPE_LIMIT {
-            EnvelopeSource::Annotation(text)
-        } else if text.len() <= CONFIGMAP_ENVELOPE_LIMIT {
-            match self.envelope_configmap(&name, &owner, text).await {
-                Step::Go(s) => s,
-                Step::Done(s) => return s,
-            }
-        } else {
-            return RunStatus::Finished(ToolResult::error(format!(
-                "the call's envelope is {} bytes; an isolated call takes at most {CONFIGMAP_ENVELOPE_LIMIT} \
-                 (the arguments are too large)",
-                text.len()
-            )));
+        let source = match self.envelope_source(envelope, &name, &owner).await {
+            Step::Go(s) => s,
+            Step::Done(s) => return s,
         };
         let job = match self.build_job(envelope, spec, attempt, timeout, &owner, &source) {
             Ok(j) => j,
@@ -459,6 +448,28 @@ impl JobRunner {
                 Err(e) => api_failure(&format!("reading Job {name}"), e),
             },
             Err(e) => self.create_failed(&format!("creating Job {name}"), e),
+        }
+    }
+
+    /// Where the envelope goes: a pod annotation when it fits, else an
+    /// owned ConfigMap (created here); too large for either is an error.
+    async fn envelope_source(
+        &self,
+        envelope: &CallEnvelope,
+        name: &str,
+        owner: &Owner,
+    ) -> Step<EnvelopeSource> {
+        let text = serde_json::to_string(envelope).expect("envelopes serialise");
+        if text.len() <= ANNOTATION_ENVELOPE_LIMIT {
+            Step::Go(EnvelopeSource::Annotation(text))
+        } else if text.len() <= CONFIGMAP_ENVELOPE_LIMIT {
+            self.envelope_configmap(name, owner, text).await
+        } else {
+            Step::Done(RunStatus::Finished(ToolResult::error(format!(
+                "the call's envelope is {} bytes; an isolated call takes at most {CONFIGMAP_ENVELOPE_LIMIT} \
+                 (the arguments are too large)",
+                text.len()
+            ))))
         }
     }
 
@@ -575,27 +586,35 @@ impl JobRunner {
         match judge(job, &pods, token, now_seconds(), self.defaults.stuck_grace) {
             Verdict::Running => RunStatus::InFlight,
             Verdict::Done(r) => RunStatus::Finished(r),
-            Verdict::ReadLog { pod, pointer } => {
-                if pointer.bytes > MAX_LOGGED_RESULT_BYTES {
-                    return RunStatus::Finished(ToolResult::error(format!(
-                        "the tool's result is announced as {} bytes; at most {MAX_LOGGED_RESULT_BYTES} are read from its log",
-                        pointer.bytes
-                    )));
-                }
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-                let params = log_window(pointer.bytes);
-                match api.logs(&pod, &params).await {
-                    Ok(log) => RunStatus::Finished(result_from_log(&log, token, &pointer)),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {
-                        RunStatus::Finished(ToolResult::error(format!(
-                            "the tool's result was in the log of pod {pod}, which is gone: {}",
-                            s.message
-                        )))
-                    }
-                    Err(e) => api_failure(&format!("reading the log of pod {pod}"), e),
-                }
-            }
+            Verdict::ReadLog { pod, pointer } => self.logged_result(&pod, token, &pointer).await,
             Verdict::Stuck(message) => self.give_up(&name, message).await,
+        }
+    }
+
+    /// The result the tool framed in its pod's log, read only as far as
+    /// its announced size needs.
+    async fn logged_result(
+        &self,
+        pod: &str,
+        token: &ContinuationToken,
+        pointer: &ResultInLog,
+    ) -> RunStatus {
+        if pointer.bytes > MAX_LOGGED_RESULT_BYTES {
+            return RunStatus::Finished(ToolResult::error(format!(
+                "the tool's result is announced as {} bytes; at most {MAX_LOGGED_RESULT_BYTES} are read from its log",
+                pointer.bytes
+            )));
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.logs(pod, &log_window(pointer.bytes)).await {
+            Ok(log) => RunStatus::Finished(result_from_log(&log, token, pointer)),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                RunStatus::Finished(ToolResult::error(format!(
+                    "the tool's result was in the log of pod {pod}, which is gone: {}",
+                    s.message
+                )))
+            }
+            Err(e) => api_failure(&format!("reading the log of pod {pod}"), e),
         }
     }
 
