@@ -8,7 +8,7 @@
 //! | surface | [`cli`] |
 //! | drivers (never each other) | [`operator`] (with [`lease`], [`observe`]), [`standalone`] |
 //! | one step, one agent | [`engine`], [`agent`] |
-//! | adapters (implement ports) | [`store`], [`runner`], [`model`], [`tools`] (both over [`http`]), [`telemetry`] |
+//! | adapters (implement ports) | [`store`], [`runner`], [`model`], [`tools`] (both over [`http`]), [`telemetry`], [`host`] (this process, from the OS) |
 //! | ports | [`ports`]: traits and the records they carry |
 //! | types | [`api`] (CRDs and their mapping to the core) |
 //! | pure | [`core`] |
@@ -17,6 +17,7 @@ pub mod api;
 pub mod cli;
 pub mod core;
 pub mod engine;
+pub mod host;
 pub mod http;
 pub mod lease;
 pub mod model;

@@ -17,9 +17,9 @@ use crate::model::{
     AnthropicModel, ModelClient, ModelRequest, OpenAiModel, ScriptedModel, ScriptedReply,
     DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_MAX_TOKENS,
 };
-pub use crate::ports::AgentLookup;
 use crate::ports::{
-    AgentSource, ModelFailure, ModelIdentity, ModelInput, ModelPort, TaskPoll, ToolPort, ToolRun,
+    AgentDocuments, AgentSource, ModelFailure, ModelIdentity, ModelInput, ModelPort, TaskPoll,
+    ToolPort, ToolRun,
 };
 use crate::tools::{ToolDef, ToolKind, Toolbox};
 use futures::future::BoxFuture;
@@ -27,6 +27,30 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 pub mod mcp;
+
+/// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
+/// the operator's watch of the API server.
+pub trait AgentLookup: Send + Sync {
+    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
+    /// cannot be read.
+    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>>;
+}
+
+/// A store's Agents, read from the documents it hands through its port.
+struct FromDocuments<'a>(&'a dyn AgentDocuments);
+
+impl AgentLookup for FromDocuments<'_> {
+    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+        Box::pin(async move {
+            match self.0.agent_document(name).await? {
+                Some(doc) => serde_json::from_value(doc)
+                    .map(Some)
+                    .map_err(|e| format!("its spec is not an Agent's: {e}")),
+                None => Ok(None),
+            }
+        })
+    }
+}
 
 /// Where the secrets an agent names (`{name, key}`) are read from.
 pub trait SecretSource {
@@ -109,9 +133,13 @@ pub async fn stored(session: &str, source: AgentSource, place: &str) -> Result<D
     match source {
         AgentSource::Stored(json) => serde_json::from_value(json)
             .map_err(|e| format!("session {session}: its stored definition cannot be read: {e}")),
-        AgentSource::Cluster { spec, agents } => definition(session, &spec, agents.as_ref(), place)
-            .await
-            .map_err(|e| e.to_string()),
+        AgentSource::Cluster { spec, agents } => {
+            let spec: SessionSpec = serde_json::from_value(spec)
+                .map_err(|e| format!("session {session}: its spec cannot be read: {e}"))?;
+            definition(session, &spec, &FromDocuments(agents.as_ref()), place)
+                .await
+                .map_err(|e| e.to_string())
+        }
     }
 }
 

@@ -13,116 +13,38 @@
 //!   gone pid; the same pod name, which a live pod holds only once). A
 //!   leader voids the claims of every earlier generation (they stopped
 //!   leading before it got the Lease) and never those of a later one.
+//!
+//! The driver reads its identity and its host's processes from the OS and
+//! hands them in (the values and ports of [`crate::ports::identity`]): the
+//! engine reads nothing itself.
 
+pub use crate::ports::{Fence, HostProcesses, OperatorIdentity, ProcessIdentity};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// Tells whether this driver may still start side effects. The operator's
-/// leader election is one; a driver without one is always allowed.
-pub trait Fence: Send + Sync + std::fmt::Debug {
-    /// `Ok` while this driver may start work; `Err(why)` once it may not
-    /// (for example, its Lease was not renewed in time).
-    fn check(&self) -> Result<(), String>;
-}
-
-/// What makes an operator process distinct from every other live one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OperatorIdentity {
-    /// In a pod (`POD_NAMESPACE`, `POD_NAME`, `POD_UID` from the downward
-    /// API). One operator runs per pod, and a pod name is held by one live
-    /// pod at a time: a name now held by another pod UID, or a restart in
-    /// the same pod, means the earlier process is gone.
-    Pod {
-        namespace: String,
-        name: String,
-        uid: String,
-    },
-    /// A plain process: host, pid and the process's start time.
-    Process {
-        host: String,
-        pid: u32,
-        start: String,
-    },
-}
-
-impl OperatorIdentity {
-    /// This process's identity: the pod's when `POD_NAME` is set, else the
-    /// host, pid and start time.
-    pub fn current() -> Self {
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        match env("POD_NAME") {
-            Some(name) => OperatorIdentity::Pod {
-                namespace: env("POD_NAMESPACE").unwrap_or_default(),
-                name,
-                uid: env("POD_UID").unwrap_or_default(),
-            },
-            None => {
-                let pid = std::process::id();
-                OperatorIdentity::Process {
-                    host: hostname(),
-                    pid,
-                    start: process_start(pid).unwrap_or_default(),
-                }
-            }
-        }
-    }
-
-    /// The identity as written into holder names (no `/`).
-    pub fn render(&self) -> String {
-        let clean = |s: &str| s.replace(['/', ':'], "_");
-        match self {
+/// True when a process of identity `earlier` is provably gone, judged by
+/// the live process `me`, which sees its host's processes in `host`.
+fn outlived(me: &OperatorIdentity, earlier: &OperatorIdentity, host: &dyn HostProcesses) -> bool {
+    match (me, earlier) {
+        (
             OperatorIdentity::Pod {
-                namespace,
-                name,
-                uid,
-            } => format!("pod:{}:{}:{}", clean(namespace), clean(name), clean(uid)),
-            OperatorIdentity::Process { host, pid, start } => {
-                format!("proc:{}:{pid}:{}", clean(host), clean(start))
-            }
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        let parts: Vec<&str> = s.split(':').collect();
-        match parts.as_slice() {
-            ["pod", ns, name, uid] => Some(OperatorIdentity::Pod {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                uid: uid.to_string(),
-            }),
-            ["proc", host, pid, start] => Some(OperatorIdentity::Process {
-                host: host.to_string(),
-                pid: pid.parse().ok()?,
-                start: start.to_string(),
-            }),
-            _ => None,
-        }
-    }
-
-    /// True when a process of identity `earlier` is provably gone, judged
-    /// by this live process.
-    fn outlived(&self, earlier: &OperatorIdentity) -> bool {
-        match (self, earlier) {
-            (
-                OperatorIdentity::Pod {
-                    namespace, name, ..
-                },
-                OperatorIdentity::Pod {
-                    namespace: their_ns,
-                    name: their_name,
-                    ..
-                },
-            ) => namespace == their_ns && name == their_name,
-            (
-                OperatorIdentity::Process { host, .. },
-                OperatorIdentity::Process {
-                    host: their_host,
-                    pid,
-                    start,
-                },
-            ) if host == their_host => process_start(*pid).as_deref() != Some(start.as_str()),
-            _ => false,
-        }
+                namespace, name, ..
+            },
+            OperatorIdentity::Pod {
+                namespace: their_ns,
+                name: their_name,
+                ..
+            },
+        ) => namespace == their_ns && name == their_name,
+        (
+            OperatorIdentity::Process { host: mine, .. },
+            OperatorIdentity::Process {
+                host: their_host,
+                pid,
+                start,
+            },
+        ) if mine == their_host => host.start_of(*pid).as_deref() != Some(start.as_str()),
+        _ => false,
     }
 }
 
@@ -134,6 +56,8 @@ pub struct Holder {
     /// The Lease generation this operator leads in, if elected.
     generation: Option<i64>,
     fence: Option<Arc<dyn Fence>>,
+    /// The processes of this driver's host (none: judges no process).
+    host: Option<Arc<dyn HostProcesses>>,
 }
 
 impl PartialEq for Holder {
@@ -144,18 +68,16 @@ impl PartialEq for Holder {
 impl Eq for Holder {}
 
 impl Holder {
-    /// This CLI process.
-    pub fn cli() -> Self {
-        let pid = std::process::id();
-        Holder::named(&format!(
-            "cli/{}/{pid}/{}",
-            hostname(),
-            process_start(pid).unwrap_or_default()
-        ))
+    /// The CLI process `me`, which sees its host's processes in `host`.
+    pub fn cli(me: &ProcessIdentity, host: Arc<dyn HostProcesses>) -> Self {
+        Holder {
+            host: Some(host),
+            ..Holder::named(&format!("cli/{}/{}/{}", me.host, me.pid, me.start))
+        }
     }
 
     /// An operator replica without leader election.
-    pub fn operator(identity: &OperatorIdentity) -> Self {
+    pub fn operator(identity: &OperatorIdentity, host: Arc<dyn HostProcesses>) -> Self {
         Holder {
             name: format!(
                 "operator/{}/{}",
@@ -165,6 +87,7 @@ impl Holder {
             identity: Some(identity.clone()),
             generation: None,
             fence: None,
+            host: Some(host),
         }
     }
 
@@ -174,8 +97,9 @@ impl Holder {
         identity: &OperatorIdentity,
         generation: i64,
         fence: Arc<dyn Fence>,
+        host: Arc<dyn HostProcesses>,
     ) -> Self {
-        let base = Holder::operator(identity);
+        let base = Holder::operator(identity, host);
         Holder {
             name: format!("{}/g{generation}", base.name),
             generation: Some(generation),
@@ -184,16 +108,16 @@ impl Holder {
         }
     }
 
-    /// A named holder (tests, the CLI).
+    /// A named holder (tests): it judges no process dead.
     pub fn named(name: &str) -> Self {
         Holder {
             name: name.to_string(),
             identity: None,
             generation: None,
             fence: None,
+            host: None,
         }
     }
-
     /// The same holder, allowed to start work only while `fence` allows.
     pub fn with_fence(self, fence: Arc<dyn Fence>) -> Self {
         Holder {
@@ -230,11 +154,10 @@ impl Holder {
                 self.outlives_operator(identity, their_generation)
             }
             ["cli", their_host, pid, start] => {
-                *their_host == hostname()
-                    && match pid.parse::<u32>() {
-                        Ok(pid) => process_start(pid).as_deref() != Some(*start),
-                        Err(_) => false,
-                    }
+                let (Some(host), Ok(pid)) = (&self.host, pid.parse::<u32>()) else {
+                    return false;
+                };
+                *their_host == host.host() && host.start_of(pid).as_deref() != Some(*start)
             }
             _ => false,
         }
@@ -249,8 +172,12 @@ impl Holder {
                 _ => return true,
             }
         }
-        match (&self.identity, OperatorIdentity::parse(their_identity)) {
-            (Some(me), Some(them)) => me.outlived(&them),
+        match (
+            &self.identity,
+            OperatorIdentity::parse(their_identity),
+            &self.host,
+        ) {
+            (Some(me), Some(them), Some(host)) => outlived(me, &them, host.as_ref()),
             _ => false,
         }
     }
@@ -265,24 +192,48 @@ impl Holder {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
-/// The process's start time in clock ticks since boot (field 22 of
-/// /proc/PID/stat), which tells a reused pid from the original process.
-pub fn process_start(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces; fields after it follow ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19).map(str::to_string)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    /// A host whose process table the test writes: pid -> start.
+    #[derive(Debug, Default)]
+    struct Table(Mutex<BTreeMap<u32, String>>);
+
+    impl Table {
+        fn with(live: &[(u32, &str)]) -> Arc<Table> {
+            let t = Table::default();
+            for (pid, start) in live {
+                t.start(*pid, start);
+            }
+            Arc::new(t)
+        }
+        fn start(&self, pid: u32, start: &str) {
+            self.0.lock().unwrap().insert(pid, start.into());
+        }
+        fn end(&self, pid: u32) {
+            self.0.lock().unwrap().remove(&pid);
+        }
+    }
+
+    impl HostProcesses for Table {
+        fn host(&self) -> String {
+            "h1".into()
+        }
+        fn start_of(&self, pid: u32) -> Option<String> {
+            self.0.lock().unwrap().get(&pid).cloned()
+        }
+    }
+
+    fn process(host: &str, pid: u32, start: &str) -> ProcessIdentity {
+        ProcessIdentity {
+            host: host.into(),
+            pid,
+            start: start.into(),
+        }
+    }
 
     fn pod(name: &str, uid: &str) -> OperatorIdentity {
         OperatorIdentity::Pod {
@@ -302,44 +253,35 @@ mod tests {
 
     #[test]
     fn two_live_processes_on_one_host_never_void_each_other() {
-        // Both identities from this host: one is this very process, the
-        // other a live child. Neither is "my earlier instance".
-        let mut child = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
-        let other = OperatorIdentity::Process {
-            host: hostname(),
-            pid: child.id(),
-            start: process_start(child.id()).unwrap(),
-        };
-        let me = Holder::operator(&OperatorIdentity::current());
-        let them = Holder::operator(&other);
-        assert_ne!(
-            OperatorIdentity::current().render(),
-            other.render(),
-            "distinct processes have distinct identities"
-        );
+        let table = Table::with(&[(10, "100"), (11, "200")]);
+        let me = Holder::operator(&process("h1", 10, "100").into(), table.clone());
+        let them = Holder::operator(&process("h1", 11, "200").into(), table.clone());
+        assert_ne!(me.name(), them.name());
         assert!(!me.knows_dead(them.name()), "a live process is not dead");
         assert!(!them.knows_dead(me.name()));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        table.start(11, "300");
+        assert!(me.knows_dead(them.name()), "its pid was reused: it is dead");
+        table.end(11);
         assert!(me.knows_dead(them.name()), "its pid is gone: it is dead");
         // Another host's processes cannot be judged from here.
-        let elsewhere = OperatorIdentity::Process {
-            host: "elsewhere".into(),
-            pid: 1,
-            start: "0".into(),
-        };
-        assert!(!me.knows_dead(Holder::operator(&elsewhere).name()));
+        let elsewhere = Holder::operator(&process("elsewhere", 11, "0").into(), table.clone());
+        assert!(!me.knows_dead(elsewhere.name()));
+    }
+
+    #[test]
+    fn identities_survive_their_rendering() {
+        for identity in [pod("op-a", "u-1"), process("h1", 7, "42").into()] {
+            assert_eq!(OperatorIdentity::parse(&identity.render()), Some(identity));
+        }
     }
 
     #[test]
     fn a_pod_outlives_only_its_own_name() {
-        let me = Holder::operator(&pod("op-a", "uid-2"));
-        let restarted = Holder::operator(&pod("op-a", "uid-2"));
-        let replaced = Holder::operator(&pod("op-a", "uid-1"));
-        let other = Holder::operator(&pod("op-b", "uid-3"));
+        let host = Table::with(&[]);
+        let me = Holder::operator(&pod("op-a", "uid-2"), host.clone());
+        let restarted = Holder::operator(&pod("op-a", "uid-2"), host.clone());
+        let replaced = Holder::operator(&pod("op-a", "uid-1"), host.clone());
+        let other = Holder::operator(&pod("op-b", "uid-3"), host);
         assert!(me.knows_dead(restarted.name()), "a container restart");
         assert!(me.knows_dead(replaced.name()), "the name is mine now");
         assert!(!me.knows_dead(other.name()), "another replica");
@@ -351,10 +293,14 @@ mod tests {
 
     #[test]
     fn a_leader_voids_earlier_generations_and_never_later_ones() {
-        let leader = Holder::elected_operator(&pod("op-b", "u"), 5, Arc::new(Open));
-        let earlier = Holder::elected_operator(&pod("op-a", "u"), 4, Arc::new(Open));
-        let later = Holder::elected_operator(&pod("op-a", "u"), 6, Arc::new(Open));
-        let unelected = Holder::operator(&pod("op-c", "u"));
+        let host = Table::with(&[(10, "100")]);
+        let elected = |name: &str, generation| {
+            Holder::elected_operator(&pod(name, "u"), generation, Arc::new(Open), host.clone())
+        };
+        let leader = elected("op-b", 5);
+        let earlier = elected("op-a", 4);
+        let later = elected("op-a", 6);
+        let unelected = Holder::operator(&pod("op-c", "u"), host.clone());
         assert!(leader.name().ends_with("/g5"));
         assert!(leader.knows_dead(earlier.name()));
         assert!(leader.knows_dead(unelected.name()));
@@ -363,21 +309,25 @@ mod tests {
             !earlier.knows_dead(leader.name()),
             "an ex-leader voids nothing newer"
         );
-        assert!(!leader.knows_dead(Holder::cli().name()), "never a CLI's");
+        let cli = Holder::cli(&process("h1", 10, "100"), host.clone());
+        assert!(!leader.knows_dead(cli.name()), "never a CLI's");
     }
 
     #[test]
     fn a_cli_holder_is_dead_when_its_process_is_gone() {
-        let me = Holder::cli();
-        let alive = Holder::cli();
-        assert!(!me.knows_dead(alive.name()), "this very process is alive");
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        let start = process_start(pid).unwrap_or_default();
-        child.wait().unwrap();
-        let gone = format!("cli/{}/{pid}/{start}", hostname());
-        assert!(me.knows_dead(&gone));
-        assert!(!me.knows_dead(&format!("cli/elsewhere/{pid}/{start}")));
+        let table = Table::with(&[(10, "100"), (11, "200")]);
+        let me = Holder::cli(&process("h1", 10, "100"), table.clone());
+        let alive = Holder::cli(&process("h1", 11, "200"), table.clone());
+        assert_eq!(alive.name(), "cli/h1/11/200");
+        assert!(!me.knows_dead(alive.name()), "a live process is alive");
+        assert!(!me.knows_dead(me.name()));
+        table.end(11);
+        assert!(me.knows_dead(alive.name()));
+        assert!(!me.knows_dead("cli/elsewhere/11/200"));
+        assert!(
+            !Holder::named("h").knows_dead(alive.name()),
+            "a holder without a host judges no process"
+        );
     }
 
     #[test]
@@ -389,8 +339,11 @@ mod tests {
                 Err("lease lapsed".into())
             }
         }
-        assert!(Holder::cli().may_act().is_ok());
-        let fenced = Holder::operator(&pod("a", "u")).with_fence(Arc::new(Shut));
+        let host = Table::with(&[]);
+        assert!(Holder::cli(&process("h1", 1, "1"), host.clone())
+            .may_act()
+            .is_ok());
+        let fenced = Holder::operator(&pod("a", "u"), host).with_fence(Arc::new(Shut));
         assert_eq!(fenced.may_act(), Err("lease lapsed".into()));
     }
 }

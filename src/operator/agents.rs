@@ -62,7 +62,7 @@ pub(super) struct WatchedAgents<'a> {
     pub namespace: &'a str,
 }
 
-impl crate::ports::AgentLookup for WatchedAgents<'_> {
+impl crate::agent::AgentLookup for WatchedAgents<'_> {
     fn agent<'b>(
         &'b self,
         name: &'b str,

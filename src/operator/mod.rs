@@ -223,7 +223,7 @@ impl Context {
             events: event_sink::EventSink::start(
                 client.clone(),
                 CONTROLLER_NAME,
-                lease_identity(&OperatorIdentity::current()),
+                lease_identity(&crate::host::operator_identity()),
                 opts.event_pace,
                 metrics.clone(),
             ),
@@ -343,10 +343,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--metrics-addr {}: {e}", opts.metrics_addr))?;
     info!(addr = %server.local_addr()?, "serving /metrics, /healthz, /readyz");
     tokio::spawn(server.run(metrics.clone(), health.clone()));
-    let identity = OperatorIdentity::current();
+    let (identity, host) = (crate::host::operator_identity(), crate::host::processes());
     let Some(lease) = opts.leader_election.clone() else {
         metrics.set_leader(true);
-        let holder = Holder::operator(&identity);
+        let holder = Holder::operator(&identity, host);
         return run_controllers(clients, opts, metrics, health, holder).await;
     };
     // A standby is ready (it serves nothing but must not block a rollout).
@@ -382,7 +382,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let fence = election.fence();
     let generation = fence.generation().unwrap_or_default();
     info!(lease = %lease.name, generation, "leading");
-    let holder = Holder::elected_operator(&identity, generation, fence);
+    let holder = Holder::elected_operator(&identity, generation, fence, host);
     let lost = tokio::select! {
         r = run_controllers(clients, opts, metrics, health, holder) => { r?; false }
         _ = election.lost() => true,

@@ -2,19 +2,26 @@
 //! a store beyond the engine's ports (list, show, pause, resume, retry, the
 //! agent a stored session runs). Both stores implement it, so the CLI holds
 //! one `Box<dyn AdminPort>` whichever `--store` it was given.
+//!
+//! The agent a session runs crosses this port as the documents its store
+//! keeps (JSON), not as CRD types: the store maps its own objects to them,
+//! and the agent layer reads them by its one rule. So this layer, and the
+//! engine above it, need no Kubernetes types.
 
 use super::StorePorts;
-use crate::api::{AgentSpec, SessionSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::records::*;
 use futures::future::BoxFuture;
 
-/// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
-/// the API server.
-pub trait AgentLookup: Send + Sync {
-    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
-    /// cannot be read.
-    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>>;
+/// Where a session's named agent (`spec.agentRef`) is found, as a document:
+/// the API server's Agents of a namespace.
+pub trait AgentDocuments: Send + Sync {
+    /// The Agent's spec (JSON, as an Agent's `spec`), `Ok(None)` when there
+    /// is no such Agent, or why it cannot be read.
+    fn agent_document<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, String>>;
 }
 
 /// Where a stored session's agent comes from; the agent layer turns it into
@@ -22,11 +29,11 @@ pub trait AgentLookup: Send + Sync {
 pub enum AgentSource {
     /// Standalone: the definition stored beside the session.
     Stored(serde_json::Value),
-    /// In a cluster: the Session's spec, and the Agents of its namespace
-    /// for a `spec.agentRef`.
+    /// In a cluster: the Session's spec (JSON, as a Session's `spec`), and
+    /// the Agents of its namespace for a `spec.agentRef`.
     Cluster {
-        spec: Box<SessionSpec>,
-        agents: Box<dyn AgentLookup>,
+        spec: serde_json::Value,
+        agents: Box<dyn AgentDocuments>,
     },
 }
 
@@ -45,10 +52,7 @@ pub trait AdminPort: StorePorts {
     /// Who the person at the keyboard is, to sign decisions and results:
     /// in a cluster, the user the API server authenticates (its admission
     /// policy refuses any other name); standalone, `$USER`.
-    fn identity(&self) -> BoxFuture<'_, StoreResult<String>> {
-        let user = std::env::var("USER").unwrap_or_else(|_| "cli".into());
-        Box::pin(async move { Ok(user) })
-    }
+    fn identity(&self) -> BoxFuture<'_, StoreResult<String>>;
 
     /// Records `answers` (an `inputResponses` object, JSON) to the MCP
     /// task behind `token`'s request for input, signed `by`; a later

@@ -16,12 +16,14 @@ use crate::core::{
     ToolSchema, Turn,
 };
 pub mod admin;
+pub mod identity;
 pub mod records;
 pub mod status;
 pub mod trace;
 
-pub use admin::{AdminPort, AgentLookup, AgentSource, InputChange};
+pub use admin::{AdminPort, AgentDocuments, AgentSource, InputChange};
 use futures::future::BoxFuture;
+pub use identity::{Fence, HostProcesses, OperatorIdentity, ProcessIdentity};
 pub use records::*;
 pub use status::{StateConditions, StatusReport};
 use std::time::Duration;

@@ -129,7 +129,7 @@ pub async fn drive(
     opts: &DriveOptions,
     report: &(dyn Fn(&Progress) + Send + Sync),
 ) -> Result<Outcome, DriveError> {
-    let holder = Holder::cli();
+    let holder = cli_holder();
     let roles = opts.roles.unwrap_or(Roles::ALL);
     let rt = runtime(agent);
     let clock = SystemClock;
@@ -156,6 +156,12 @@ pub async fn drive(
             }
         }
     }
+}
+
+/// This CLI process as a claim holder: it judges the claims of other
+/// processes on its host by their pids and start times.
+fn cli_holder() -> Holder {
+    Holder::cli(&crate::host::this_process(), crate::host::processes())
 }
 
 /// One engine step over the local ports (the store, the agent's model and
@@ -198,7 +204,7 @@ pub async fn sync_input(
     let quiet = |_: &Progress| {};
     let rt = runtime(agent);
     let opts = DriveOptions::default();
-    let step = local_step(store, agent, &rt, id, &opts, &Holder::cli(), none, &quiet).await?;
+    let step = local_step(store, agent, &rt, id, &opts, &cli_holder(), none, &quiet).await?;
     Ok(step.state)
 }
 

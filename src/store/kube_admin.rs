@@ -5,7 +5,7 @@ use super::kube::{session_input, version_of, KubeStore};
 use crate::api::{Agent, AgentSpec};
 use crate::core::{ContinuationToken, SessionId};
 use crate::ports::{
-    AdminPort, AgentLookup, AgentSource, ContinuationRecord, InputChange, SessionInput,
+    AdminPort, AgentDocuments, AgentSource, ContinuationRecord, InputChange, SessionInput,
     SessionRecord, SessionSummary, StoreError, StoreResult,
 };
 use futures::future::BoxFuture;
@@ -14,14 +14,31 @@ use kube::Api;
 /// The Agents of one namespace, from the API server.
 pub struct ClusterAgents(pub Api<Agent>);
 
-impl AgentLookup for ClusterAgents {
-    fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>> {
+impl ClusterAgents {
+    /// The Agent's spec, `Ok(None)` when there is no such Agent, or why it
+    /// cannot be read.
+    pub fn agent<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<AgentSpec>, String>> {
         Box::pin(async move {
             match self.0.get_opt(name).await {
                 Ok(found) => Ok(found.map(|a| a.spec)),
                 Err(kube::Error::Api(s)) => Err(format!("{} {}", s.code, s.message)),
                 Err(other) => Err(other.to_string()),
             }
+        })
+    }
+}
+
+/// The port speaks documents: the Agent's spec as the API server holds it.
+impl AgentDocuments for ClusterAgents {
+    fn agent_document<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, String>> {
+        Box::pin(async move {
+            let found = self.agent(name).await?;
+            found
+                .map(|spec| serde_json::to_value(spec).map_err(|e| e.to_string()))
+                .transpose()
         })
     }
 }
@@ -100,7 +117,8 @@ impl AdminPort for KubeStore {
                 .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
             let record = self.read_session(&obj).await?;
             let agents = Box::new(ClusterAgents(self.agents_api().clone()));
-            let spec = Box::new(obj.spec);
+            let spec = serde_json::to_value(&obj.spec)
+                .map_err(|e| StoreError::Backend(format!("session {id}: its spec: {e}")))?;
             Ok((record, AgentSource::Cluster { spec, agents }))
         })
     }

@@ -78,6 +78,10 @@ impl AdminPort for SqliteStore {
     fn operator_driven(&self) -> bool {
         false
     }
+    fn identity(&self) -> BoxFuture<'_, StoreResult<String>> {
+        let user = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+        Box::pin(async move { Ok(user) })
+    }
     fn answer_task<'a>(
         &'a self,
         token: &'a ContinuationToken,

@@ -137,3 +137,32 @@ async fn a_closed_fence_starts_no_model_call_and_an_open_one_does() {
         report.outcome
     );
 }
+
+/// The identity and process table the drivers read from the OS
+/// (`agents::host`) judge real processes: a live CLI's claims stand, a gone
+/// one's are void, and an operator outside a pod voids only its own
+/// earlier, dead instance.
+#[test]
+fn holders_judge_this_hosts_real_processes() {
+    let (me, host) = (agents::host::this_process(), agents::host::processes());
+    let cli = Holder::cli(&me, host.clone());
+    let mut child = std::process::Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .unwrap();
+    let other = agents::ports::ProcessIdentity {
+        host: me.host.clone(),
+        pid: child.id(),
+        start: host.start_of(child.id()).expect("a live child has a start"),
+    };
+    let other_cli = Holder::cli(&other, host.clone());
+    let other_operator = Holder::operator(&other.clone().into(), host.clone());
+    let operator = Holder::operator(&me.clone().into(), host.clone());
+    assert!(!cli.knows_dead(other_cli.name()), "a live process");
+    assert!(!operator.knows_dead(other_operator.name()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(cli.knows_dead(other_cli.name()), "its pid is gone");
+    assert!(operator.knows_dead(other_operator.name()));
+    assert!(!other_cli.knows_dead(cli.name()), "this process lives");
+}

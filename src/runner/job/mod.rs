@@ -60,8 +60,9 @@ use crate::core::envelope::CallEnvelope;
 use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
 use crate::ports::{RunKind, RunStatus, RunnerPort};
 use futures::future::BoxFuture;
+pub use judge::{judge, Verdict};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
@@ -71,6 +72,9 @@ use std::time::Duration;
 
 /// The reading side of the wrapper's protocol, which this runner uses.
 pub use super::wrapper_protocol::{read_message, unframe, Message};
+
+mod judge;
+mod pod;
 
 /// Label on Jobs and their pods: the token of the call (the Continuation's name).
 pub const LABEL_CONTINUATION: &str = "agents-exe.io/continuation";
@@ -246,18 +250,6 @@ pub struct Owner {
     pub uid: String,
 }
 
-impl Owner {
-    fn reference(&self) -> serde_json::Value {
-        json!([{
-            "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
-            "kind": "Continuation",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": true,
-        }])
-    }
-}
-
 #[derive(Clone)]
 pub struct JobRunner {
     client: Client,
@@ -390,152 +382,6 @@ impl JobRunner {
         }
     }
 
-    /// The Job for one attempt (pure: no API call).
-    pub fn build_job(
-        &self,
-        envelope: &CallEnvelope,
-        spec: &IsolationSpec,
-        attempt: u32,
-        timeout: Duration,
-        owner: &Owner,
-        source: &EnvelopeSource,
-    ) -> Result<Job, String> {
-        let token = &envelope.token;
-        if spec.image.trim().is_empty() {
-            return Err("the isolated tool has no image; set tools[].container.image".into());
-        }
-        if spec.command.is_empty() {
-            return Err(
-                "the isolated tool has no command: the Job runner wraps the tool's command and \
-                 cannot read an image's entrypoint; set tools[].container.command"
-                    .into(),
-            );
-        }
-        let deadline = timeout.as_secs_f64().ceil().max(1.0) as i64;
-        let labels = json!({
-            LABEL_CONTINUATION: token_label(token),
-            LABEL_ATTEMPT: attempt.to_string(),
-            LABEL_ROLE: ROLE_TOOL,
-            "app.kubernetes.io/managed-by": "agents",
-        });
-        let session = envelope.context.session.0.as_str();
-        let (pod_annotations, input_volume) = envelope_input(source, session);
-        let job = json!({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": job_name(token, attempt),
-                "namespace": self.namespace,
-                "labels": labels,
-                "annotations": { ANNOTATION_TOKEN: token.as_str(), ANNOTATION_SESSION: session },
-                "ownerReferences": owner.reference(),
-            },
-            "spec": {
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": deadline,
-                "template": {
-                    "metadata": {"labels": labels, "annotations": pod_annotations},
-                    "spec": self.pod_spec(spec, input_volume)?,
-                },
-            },
-        });
-        serde_json::from_value(job).map_err(|e| format!("building the tool's Job: {e}"))
-    }
-
-    /// The tool pod's spec: the wrapper's init container, the tool's
-    /// container, their volumes.
-    fn pod_spec(
-        &self,
-        spec: &IsolationSpec,
-        input_volume: serde_json::Value,
-    ) -> Result<serde_json::Value, String> {
-        let uid = self.defaults.run_as_user;
-        let container_security = json!({
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "runAsUser": uid,
-            "runAsGroup": uid,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        });
-        Ok(json!({
-            "restartPolicy": "Never",
-            "serviceAccountName": self.defaults.service_account,
-            "automountServiceAccountToken": false,
-            "enableServiceLinks": false,
-            "terminationGracePeriodSeconds": self.defaults.termination_grace_seconds,
-            "securityContext": {
-                "runAsNonRoot": true,
-                "runAsUser": uid,
-                "runAsGroup": uid,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "initContainers": [{
-                "name": INSTALL_CONTAINER,
-                "image": self.agents_image,
-                "imagePullPolicy": self.defaults.agents_image_pull_policy,
-                "command": ["/agents", "tool-exec", "--install-to", WRAPPER_PATH],
-                "securityContext": container_security,
-                "resources": {
-                    "requests": {"cpu": "50m", "memory": "32Mi"},
-                    "limits": {"cpu": "500m", "memory": "128Mi"},
-                },
-                "volumeMounts": [{"name": "agents-bin", "mountPath": WRAPPER_DIR}],
-                "terminationMessagePolicy": "File",
-            }],
-            "containers": [self.tool_container(spec, container_security)?],
-            "volumes": [
-                {"name": "agents-bin", "emptyDir": {"sizeLimit": "256Mi"}},
-                input_volume,
-                {"name": "tmp", "emptyDir": {"sizeLimit": self.defaults.tmp_size_limit}},
-            ],
-        }))
-    }
-
-    /// The tool's container: its image, its command wrapped by the
-    /// wrapper, the env its definition names, its limits.
-    fn tool_container(
-        &self,
-        spec: &IsolationSpec,
-        security: serde_json::Value,
-    ) -> Result<serde_json::Value, String> {
-        let env = job_env(spec)?;
-        let mut limits = self.defaults.limits.clone();
-        let mut requests = self.defaults.requests.clone();
-        for (k, v) in &spec.limits {
-            limits.insert(k.clone(), v.clone());
-            // Without parsing quantities, the only request surely within
-            // the limit is the limit itself.
-            requests.insert(k.clone(), v.clone());
-        }
-        let mut command = vec![
-            WRAPPER_PATH.to_string(),
-            "tool-exec".into(),
-            "--envelope".into(),
-            ENVELOPE_PATH.into(),
-            "--".into(),
-        ];
-        command.extend(spec.command.iter().cloned());
-        Ok(json!({
-            "name": TOOL_CONTAINER,
-            "image": spec.image,
-            "imagePullPolicy": self.defaults.tool_image_pull_policy,
-            "command": command,
-            "args": spec.args,
-            "env": env,
-            "resources": {"limits": limits, "requests": requests},
-            "securityContext": security,
-            "volumeMounts": [
-                {"name": "agents-bin", "mountPath": WRAPPER_DIR, "readOnly": true},
-                {"name": "agents-input", "mountPath": INPUT_DIR, "readOnly": true},
-                {"name": "tmp", "mountPath": "/tmp"},
-            ],
-            "terminationMessagePath": TERMINATION_LOG,
-            "terminationMessagePolicy": "File",
-        }))
-    }
-
     /// The owning Continuation, or the status to report without it.
     async fn owner(&self, token: &ContinuationToken) -> Step<Owner> {
         let api: Api<Continuation> = Api::namespaced(self.client.clone(), &self.namespace);
@@ -583,20 +429,9 @@ impl JobRunner {
             Ok(None) => {}
             Err(e) => return api_failure(&format!("reading Job {name}"), e),
         }
-        let text = serde_json::to_string(envelope).expect("envelopes serialise");
-        let source = if text.len() <= ANNOTATION_ENVELOPE_LIMIT {
-            EnvelopeSource::Annotation(text)
-        } else if text.len() <= CONFIGMAP_ENVELOPE_LIMIT {
-            match self.envelope_configmap(&name, &owner, text).await {
-                Step::Go(s) => s,
-                Step::Done(s) => return s,
-            }
-        } else {
-            return RunStatus::Finished(ToolResult::error(format!(
-                "the call's envelope is {} bytes; an isolated call takes at most {CONFIGMAP_ENVELOPE_LIMIT} \
-                 (the arguments are too large)",
-                text.len()
-            )));
+        let source = match self.envelope_source(envelope, &name, &owner).await {
+            Step::Go(s) => s,
+            Step::Done(s) => return s,
         };
         let job = match self.build_job(envelope, spec, attempt, timeout, &owner, &source) {
             Ok(j) => j,
@@ -613,6 +448,28 @@ impl JobRunner {
                 Err(e) => api_failure(&format!("reading Job {name}"), e),
             },
             Err(e) => self.create_failed(&format!("creating Job {name}"), e),
+        }
+    }
+
+    /// Where the envelope goes: a pod annotation when it fits, else an
+    /// owned ConfigMap (created here); too large for either is an error.
+    async fn envelope_source(
+        &self,
+        envelope: &CallEnvelope,
+        name: &str,
+        owner: &Owner,
+    ) -> Step<EnvelopeSource> {
+        let text = serde_json::to_string(envelope).expect("envelopes serialise");
+        if text.len() <= ANNOTATION_ENVELOPE_LIMIT {
+            Step::Go(EnvelopeSource::Annotation(text))
+        } else if text.len() <= CONFIGMAP_ENVELOPE_LIMIT {
+            self.envelope_configmap(name, owner, text).await
+        } else {
+            Step::Done(RunStatus::Finished(ToolResult::error(format!(
+                "the call's envelope is {} bytes; an isolated call takes at most {CONFIGMAP_ENVELOPE_LIMIT} \
+                 (the arguments are too large)",
+                text.len()
+            ))))
         }
     }
 
@@ -669,19 +526,7 @@ impl JobRunner {
         owner: &Owner,
         text: String,
     ) -> Step<EnvelopeSource> {
-        let cm: ConfigMap = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": self.namespace,
-                "labels": {LABEL_ROLE: ROLE_TOOL, "app.kubernetes.io/managed-by": "agents"},
-                "ownerReferences": owner.reference(),
-            },
-            "immutable": true,
-            "data": { ENVELOPE_FILE: text },
-        }))
-        .expect("a valid ConfigMap");
+        let cm = self.envelope_configmap_object(name, owner, text);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         match api.create(&PostParams::default(), &cm).await {
             // Same name, same content: the name is derived from the attempt.
@@ -741,27 +586,35 @@ impl JobRunner {
         match judge(job, &pods, token, now_seconds(), self.defaults.stuck_grace) {
             Verdict::Running => RunStatus::InFlight,
             Verdict::Done(r) => RunStatus::Finished(r),
-            Verdict::ReadLog { pod, pointer } => {
-                if pointer.bytes > MAX_LOGGED_RESULT_BYTES {
-                    return RunStatus::Finished(ToolResult::error(format!(
-                        "the tool's result is announced as {} bytes; at most {MAX_LOGGED_RESULT_BYTES} are read from its log",
-                        pointer.bytes
-                    )));
-                }
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-                let params = log_window(pointer.bytes);
-                match api.logs(&pod, &params).await {
-                    Ok(log) => RunStatus::Finished(result_from_log(&log, token, &pointer)),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {
-                        RunStatus::Finished(ToolResult::error(format!(
-                            "the tool's result was in the log of pod {pod}, which is gone: {}",
-                            s.message
-                        )))
-                    }
-                    Err(e) => api_failure(&format!("reading the log of pod {pod}"), e),
-                }
-            }
+            Verdict::ReadLog { pod, pointer } => self.logged_result(&pod, token, &pointer).await,
             Verdict::Stuck(message) => self.give_up(&name, message).await,
+        }
+    }
+
+    /// The result the tool framed in its pod's log, read only as far as
+    /// its announced size needs.
+    async fn logged_result(
+        &self,
+        pod: &str,
+        token: &ContinuationToken,
+        pointer: &ResultInLog,
+    ) -> RunStatus {
+        if pointer.bytes > MAX_LOGGED_RESULT_BYTES {
+            return RunStatus::Finished(ToolResult::error(format!(
+                "the tool's result is announced as {} bytes; at most {MAX_LOGGED_RESULT_BYTES} are read from its log",
+                pointer.bytes
+            )));
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.logs(pod, &log_window(pointer.bytes)).await {
+            Ok(log) => RunStatus::Finished(result_from_log(&log, token, pointer)),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                RunStatus::Finished(ToolResult::error(format!(
+                    "the tool's result was in the log of pod {pod}, which is gone: {}",
+                    s.message
+                )))
+            }
+            Err(e) => api_failure(&format!("reading the log of pod {pod}"), e),
         }
     }
 
@@ -802,116 +655,9 @@ impl JobRunner {
     }
 }
 
-/// The pod's annotations and the volume the envelope file comes from.
-fn envelope_input(
-    source: &EnvelopeSource,
-    session: &str,
-) -> (serde_json::Value, serde_json::Value) {
-    match source {
-        EnvelopeSource::Annotation(text) => (
-            json!({ ANNOTATION_ENVELOPE: text, ANNOTATION_SESSION: session }),
-            json!({"name": "agents-input", "downwardAPI": {"items": [{
-                "path": ENVELOPE_FILE,
-                "fieldRef": {"fieldPath": format!("metadata.annotations['{ANNOTATION_ENVELOPE}']")},
-            }]}}),
-        ),
-        EnvelopeSource::ConfigMap(name) => (
-            json!({ ANNOTATION_SESSION: session }),
-            json!({"name": "agents-input", "configMap": {"name": name, "items": [{
-                "key": ENVELOPE_FILE, "path": ENVELOPE_FILE,
-            }]}}),
-        ),
-    }
-}
-
-/// The tool container's env: `HOME`, then the variables the definition
-/// names, secrets as `secretKeyRef` (the wrapper adds the runner's own).
-fn job_env(spec: &IsolationSpec) -> Result<Vec<serde_json::Value>, String> {
-    let mut env = vec![json!({"name": "HOME", "value": "/tmp"})];
-    for var in &spec.env {
-        let name = var.name.as_str();
-        check_var_name(name, false)?;
-        let entry = match (&var.value, &var.secret) {
-            (Some(v), None) => json!({"name": name, "value": v}),
-            (None, Some(r)) => json!({"name": name, "valueFrom": {"secretKeyRef": {
-                "name": r.name, "key": r.key, "optional": false,
-            }}}),
-            _ => {
-                return Err(format!(
-                    "the tool's env: {name:?} needs exactly one of value and secret"
-                ))
-            }
-        };
-        env.retain(|e| e["name"] != name);
-        env.push(entry);
-    }
-    Ok(env)
-}
-
 fn now_seconds() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
 }
-
-/// What a Job and its pods say.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Verdict {
-    Running,
-    Done(ToolResult),
-    /// The result is in this pod's log.
-    ReadLog {
-        pod: String,
-        pointer: ResultInLog,
-    },
-    /// A pod waits on something that will not come by itself.
-    Stuck(String),
-}
-
-fn condition<'a>(job: &'a Job, kind: &str) -> Option<(&'a str, &'a str)> {
-    job.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == kind && c.status == "True")
-        .map(|c| {
-            (
-                c.reason.as_deref().unwrap_or(""),
-                c.message.as_deref().unwrap_or(""),
-            )
-        })
-}
-
-fn container<'a>(pod: &'a Pod, name: &str, init: bool) -> Option<&'a ContainerStatus> {
-    let status = pod.status.as_ref()?;
-    let list = if init {
-        status.init_container_statuses.as_ref()
-    } else {
-        status.container_statuses.as_ref()
-    };
-    list?.iter().find(|c| c.name == name)
-}
-
-fn memory_limit(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.iter().find(|c| c.name == TOOL_CONTAINER))
-        .and_then(|c| c.resources.as_ref()?.limits.as_ref()?.get("memory"))
-        .map(|q| q.0.clone())
-        .unwrap_or_else(|| "unset".into())
-}
-
-/// Waiting reasons that end the call: the first set at once (they never
-/// resolve without someone changing the cluster), the second after the
-/// grace (a registry hiccup, a Secret being created).
-const STUCK_AT_ONCE: &[&str] = &["ErrImageNeverPull", "InvalidImageName"];
-const STUCK_AFTER_GRACE: &[&str] = &[
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "RegistryUnavailable",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
 
 /// The most bytes of result a tool's log may carry (the largest result a
 /// session keeps, with room): the log is read only this far.
@@ -930,221 +676,6 @@ fn log_window(bytes: usize) -> LogParams {
         limit_bytes: Some((bytes * 2 + 64 * 1024) as i64),
         ..Default::default()
     }
-}
-
-/// Reads the state of a Job and its pods (pure; `now` in Unix seconds).
-pub fn judge(
-    job: &Job,
-    pods: &[Pod],
-    token: &ContinuationToken,
-    now: i64,
-    grace: Duration,
-) -> Verdict {
-    let complete =
-        condition(job, "Complete").is_some() || condition(job, "SuccessCriteriaMet").is_some();
-    let failed = condition(job, "Failed").or_else(|| condition(job, "FailureTarget"));
-    // The pod whose tool container ended (there is at most one: backoffLimit 0).
-    let ended = pods.iter().find_map(|p| {
-        let c = container(p, TOOL_CONTAINER, false)?;
-        let t = c.state.as_ref()?.terminated.as_ref()?;
-        Some((p, t))
-    });
-    if complete {
-        let Some((pod, t)) = ended else {
-            return Verdict::Done(ToolResult::error(
-                "the tool's Job completed but its pod is gone, so its result cannot be read \
-                 (was it deleted, or did the Job's ttlSecondsAfterFinished pass?)",
-            ));
-        };
-        return from_terminated(pod, t, token, None);
-    }
-    if let Some((reason, message)) = failed {
-        return judge_failed(job, pods, ended, token, (reason, message));
-    }
-    // The tool reported before the Job controller noticed: the result is
-    // final (restartPolicy Never), no need to wait for the Job's condition.
-    if let Some((pod, t)) = ended {
-        if !matches!(
-            read_message(t.message.as_deref().unwrap_or(""), token),
-            Message::Other(_)
-        ) {
-            return from_terminated(pod, t, token, None);
-        }
-    }
-    // Running: is a pod stuck on something that will not come?
-    match pods.iter().find_map(|pod| stuck(pod, now, grace)) {
-        Some(why) => Verdict::Stuck(why),
-        None => Verdict::Running,
-    }
-}
-
-/// A failed Job: its deadline, the tool's own ending, or its pod's failure.
-fn judge_failed(
-    job: &Job,
-    pods: &[Pod],
-    ended: Option<(&Pod, &k8s_openapi::api::core::v1::ContainerStateTerminated)>,
-    token: &ContinuationToken,
-    (reason, message): (&str, &str),
-) -> Verdict {
-    if reason == "DeadlineExceeded" {
-        let secs = job
-            .spec
-            .as_ref()
-            .and_then(|s| s.active_deadline_seconds)
-            .unwrap_or_default();
-        return Verdict::Done(ToolResult::error(format!(
-            "the tool did not finish within its timeout of {secs} s: the deadline passed and \
-             its Job was stopped (DeadlineExceeded)"
-        )));
-    }
-    if let Some((pod, t)) = ended {
-        return from_terminated(pod, t, token, Some((reason, message)));
-    }
-    if let Some(why) = pods.iter().find_map(pod_failure) {
-        return Verdict::Done(ToolResult::error(why));
-    }
-    Verdict::Done(ToolResult::error(format!(
-        "the tool's pod failed or was deleted before it reported a result (Job failed: \
-         {reason}: {message})"
-    )))
-}
-
-/// Why `pod` will not start: a container waiting on what will not come (a
-/// missing image, a bad config), at once or past the grace.
-fn stuck(pod: &Pod, now: i64, grace: Duration) -> Option<String> {
-    let age = pod
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| now - t.0.as_second())
-        .unwrap_or(0);
-    let statuses = pod.status.iter().flat_map(|s| {
-        s.init_container_statuses
-            .iter()
-            .flatten()
-            .chain(s.container_statuses.iter().flatten())
-    });
-    for c in statuses {
-        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
-            continue;
-        };
-        let reason = w.reason.as_deref().unwrap_or("");
-        let now_fatal = STUCK_AT_ONCE.contains(&reason);
-        let late = STUCK_AFTER_GRACE.contains(&reason) && age >= grace.as_secs() as i64;
-        if !(now_fatal || late) {
-            continue;
-        }
-        let config = reason.starts_with("CreateContainer") || reason == "RunContainerError";
-        let what = match (c.name == TOOL_CONTAINER, config) {
-            (true, false) => format!("the tool's image {}", c.image),
-            (true, true) => "the tool's container".to_string(),
-            (false, false) => format!("the agents (wrapper) image {}", c.image),
-            (false, true) => "the wrapper's init container".to_string(),
-        };
-        let detail = w.message.as_deref().unwrap_or("");
-        let hint = if config {
-            "check the Secrets and keys the tool's env names"
-        } else {
-            "check the image name, and that the node has it or can pull it (imagePullSecrets)"
-        };
-        return Some(format!(
-            "the tool's pod could not start: {what}: {reason}: {detail} ({hint})"
-        ));
-    }
-    None
-}
-
-/// What a failed pod without a finished tool container says.
-fn pod_failure(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?;
-    if let Some(t) = container(pod, INSTALL_CONTAINER, true)
-        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
-        .filter(|t| t.exit_code != 0)
-    {
-        return Some(format!(
-            "installing the tool wrapper failed (exit code {}, {}): {}",
-            t.exit_code,
-            t.reason.as_deref().unwrap_or(""),
-            t.message.as_deref().unwrap_or("").trim()
-        ));
-    }
-    if status.reason.as_deref() == Some("Evicted") {
-        return Some(format!(
-            "the tool's pod was evicted: {}",
-            status.message.as_deref().unwrap_or("")
-        ));
-    }
-    let disrupted = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
-    if let Some(c) = disrupted {
-        return Some(format!(
-            "the tool's pod was stopped before it reported a result ({}: {})",
-            c.reason.as_deref().unwrap_or(""),
-            c.message.as_deref().unwrap_or("")
-        ));
-    }
-    None
-}
-
-fn from_terminated(
-    pod: &Pod,
-    t: &k8s_openapi::api::core::v1::ContainerStateTerminated,
-    token: &ContinuationToken,
-    job_failed: Option<(&str, &str)>,
-) -> Verdict {
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let message = t.message.as_deref().unwrap_or("");
-    // An evicted or disrupted pod in a failed Job: that is what happened,
-    // whatever the wrapper said when it got SIGTERM.
-    if job_failed.is_some() {
-        if let Some(p) = pod_failure(pod) {
-            return Verdict::Done(ToolResult::error(p));
-        }
-    }
-    match read_message(message, token) {
-        Message::Result(r) => return Verdict::Done(r),
-        Message::InLog(pointer) => {
-            return Verdict::ReadLog {
-                pod: pod_name,
-                pointer,
-            }
-        }
-        Message::Other(_) => {}
-    }
-    let reason = t.reason.as_deref().unwrap_or("");
-    if reason == "OOMKilled" {
-        return Verdict::Done(ToolResult::error(format!(
-            "the tool ran out of memory and was killed (OOMKilled; memory limit {})",
-            memory_limit(pod)
-        )));
-    }
-    let text = message.trim();
-    let mut out = if t.exit_code == 0 {
-        "the tool's wrapper ended without reporting a result".to_string()
-    } else {
-        format!(
-            "the tool's wrapper failed with exit code {}{}",
-            t.exit_code,
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reason})")
-            }
-        )
-    };
-    if !text.is_empty() {
-        out.push_str(": ");
-        out.push_str(text);
-    }
-    if let Some((r, m)) = job_failed {
-        if text.is_empty() {
-            out.push_str(&format!(" (Job failed: {r}: {m})"));
-        }
-    }
-    Verdict::Done(ToolResult::error(out))
 }
 
 impl RunnerPort for JobRunner {
@@ -1225,14 +756,13 @@ fn full_image_reference(image: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::fixtures::{self, image_tool, value_var};
-    use crate::runner::wrapper_protocol::report;
+    use crate::runner::fixtures;
 
-    fn token() -> ContinuationToken {
+    pub(super) fn token() -> ContinuationToken {
         ContinuationToken("demo-t1-c0".into())
     }
 
-    fn envelope(args: &str) -> CallEnvelope {
+    pub(super) fn envelope(args: &str) -> CallEnvelope {
         fixtures::envelope("demo", args)
     }
 
@@ -1265,7 +795,7 @@ mod tests {
         assert!(token_label(&ContinuationToken("Bad/Token".into())).starts_with("h-"));
     }
 
-    async fn runner() -> JobRunner {
+    pub(super) async fn runner() -> JobRunner {
         // Building a Job needs no server; a client pointing nowhere will do.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         JobRunner::new(
@@ -1274,138 +804,6 @@ mod tests {
             "agents.local/agents:test",
             JobDefaults::default(),
         )
-    }
-
-    fn owner() -> Owner {
-        Owner {
-            name: "demo-t1-c0".into(),
-            uid: "u-1".into(),
-        }
-    }
-
-    /// The arguments of the hardening test's call: what must never reach
-    /// the pod's spec.
-    const ARGS: &str = r#"{"cmd":"$(rm -rf /)","q":"it's \"quoted\""}"#;
-
-    fn tool() -> IsolationSpec {
-        image_tool("busybox:ci", &["sh", "-c"], &["cat"], ("MODE", "fast"))
-    }
-
-    /// The Job of attempt `attempt` of the call with [`ARGS`].
-    async fn build(
-        spec: &IsolationSpec,
-        attempt: u32,
-        timeout: Duration,
-        source: EnvelopeSource,
-    ) -> Result<serde_json::Value, String> {
-        runner()
-            .await
-            .build_job(&envelope(ARGS), spec, attempt, timeout, &owner(), &source)
-            .map(|job| serde_json::to_value(&job).unwrap())
-    }
-
-    fn in_annotation() -> EnvelopeSource {
-        EnvelopeSource::Annotation(serde_json::to_string(&envelope(ARGS)).unwrap())
-    }
-
-    #[tokio::test]
-    async fn the_job_is_hardened_and_carries_no_arguments() {
-        let text = serde_json::to_string(&envelope(ARGS)).unwrap();
-        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
-            .await
-            .unwrap();
-        assert_eq!(v["metadata"]["name"], job_name(&token(), 2));
-        assert_eq!(v["metadata"]["labels"][LABEL_CONTINUATION], "demo-t1-c0");
-        assert_eq!(v["metadata"]["labels"][LABEL_ATTEMPT], "2");
-        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
-        assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
-        assert_eq!(v["spec"]["backoffLimit"], 0);
-        assert_eq!(v["spec"]["activeDeadlineSeconds"], 31);
-        // No TTL until the result is recorded (`release_jobs`).
-        assert!(v["spec"].get("ttlSecondsAfterFinished").is_none());
-        let pod = &v["spec"]["template"];
-        assert_eq!(pod["metadata"]["annotations"][ANNOTATION_ENVELOPE], text);
-        let ps = &pod["spec"];
-        assert_eq!(ps["automountServiceAccountToken"], false);
-        assert_eq!(ps["enableServiceLinks"], false);
-        assert_eq!(ps["restartPolicy"], "Never");
-        assert_eq!(ps["securityContext"]["runAsNonRoot"], true);
-        for c in [&ps["containers"][0], &ps["initContainers"][0]] {
-            let sc = &c["securityContext"];
-            assert_eq!(sc["allowPrivilegeEscalation"], false);
-            assert_eq!(sc["readOnlyRootFilesystem"], true);
-            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
-            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
-            assert!(c["resources"]["limits"]["memory"].is_string());
-        }
-        // The arguments are only in the annotation, never in the spec.
-        let spec_text = serde_json::to_string(ps).unwrap();
-        assert!(!spec_text.contains("rm -rf"), "{spec_text}");
-    }
-
-    #[tokio::test]
-    async fn the_tool_container_wraps_the_command_with_the_named_env_and_limits() {
-        let v = build(&tool(), 2, Duration::from_millis(30_500), in_annotation())
-            .await
-            .unwrap();
-        let tool = &v["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(tool["name"], TOOL_CONTAINER);
-        assert_eq!(
-            tool["command"],
-            json!([
-                WRAPPER_PATH,
-                "tool-exec",
-                "--envelope",
-                ENVELOPE_PATH,
-                "--",
-                "sh",
-                "-c"
-            ])
-        );
-        assert_eq!(tool["args"], json!(["cat"]));
-        assert_eq!(tool["resources"]["limits"]["memory"], "64Mi");
-        assert_eq!(tool["resources"]["requests"]["memory"], "64Mi");
-        assert_eq!(tool["resources"]["limits"]["cpu"], "500m");
-        assert_eq!(
-            tool["env"],
-            json!([
-                {"name": "HOME", "value": "/tmp"},
-                {"name": "MODE", "value": "fast"},
-                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gh", "key": "token", "optional": false}}},
-            ])
-        );
-    }
-
-    #[tokio::test]
-    async fn reserved_names_and_missing_commands_are_refused() {
-        let second = Duration::from_secs(1);
-        let mut bad = tool();
-        bad.env.push(value_var("AGENTS_TOKEN", "x"));
-        let e = build(&bad, 1, second, in_annotation()).await.unwrap_err();
-        assert!(e.contains("AGENTS_TOKEN"), "{e}");
-        let no_cmd = IsolationSpec {
-            command: vec![],
-            ..tool()
-        };
-        let e = build(&no_cmd, 1, second, in_annotation())
-            .await
-            .unwrap_err();
-        assert!(e.contains("command"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn large_envelopes_come_from_a_configmap() {
-        let second = Duration::from_secs(1);
-        let v = build(&tool(), 1, second, EnvelopeSource::ConfigMap("cm".into()))
-            .await
-            .unwrap();
-        assert_eq!(
-            v["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"],
-            "cm"
-        );
-        assert!(v["spec"]["template"]["metadata"]["annotations"]
-            .get(ANNOTATION_ENVELOPE)
-            .is_none());
     }
 
     #[tokio::test]
@@ -1507,176 +905,5 @@ mod tests {
             &list(&["ghcr.io/acme/*"]),
             "ghcr.io/acme/x/y:1"
         ));
-    }
-
-    fn job_with(conditions: serde_json::Value) -> Job {
-        serde_json::from_value(json!({
-            "metadata": {"name": "j"},
-            "spec": {"activeDeadlineSeconds": 7, "template": {}},
-            "status": {"conditions": conditions},
-        }))
-        .unwrap()
-    }
-
-    fn pod_with(status: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"containers": [{"name": "tool", "resources": {"limits": {"memory": "32Mi"}}}]},
-            "status": status,
-        }))
-        .unwrap()
-    }
-
-    fn t0() -> i64 {
-        "2026-01-01T00:00:00Z"
-            .parse::<k8s_openapi::jiff::Timestamp>()
-            .unwrap()
-            .as_second()
-    }
-
-    fn terminated(reason: &str, code: i32, message: &str) -> serde_json::Value {
-        json!({"containerStatuses": [{"name": "tool", "image": "img", "imageID": "", "ready": false,
-            "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}]})
-    }
-
-    /// How long a pod may wait for a reason that is not fatal.
-    const GRACE: Duration = Duration::from_secs(30);
-
-    fn condition(ty: &str, reason: &str) -> serde_json::Value {
-        json!([{"type": ty, "status": "True", "reason": reason, "message": "msg"}])
-    }
-
-    fn failed_job() -> Job {
-        job_with(condition("Failed", "BackoffLimitExceeded"))
-    }
-
-    #[test]
-    fn a_reported_result_is_taken_with_or_before_the_jobs_completion() {
-        let (t, g) = (token(), GRACE);
-        let (msg, _) = report(&t, &ToolResult::text("ok"));
-        let done = job_with(condition("Complete", ""));
-        let ok_pod = pod_with(terminated("Completed", 0, &msg));
-        assert_eq!(
-            judge(&done, std::slice::from_ref(&ok_pod), &t, t0(), g),
-            Verdict::Done(ToolResult::text("ok"))
-        );
-        // Reported before the Job controller marked the Job complete.
-        let running = job_with(json!([]));
-        assert_eq!(
-            judge(&running, &[ok_pod], &t, t0(), g),
-            Verdict::Done(ToolResult::text("ok"))
-        );
-    }
-
-    #[test]
-    fn a_failed_wrapper_without_a_result_waits_for_the_jobs_verdict() {
-        let (t, g) = (token(), GRACE);
-        let running = job_with(json!([]));
-        let wrapper_failed = pod_with(terminated("Error", 64, "cannot read"));
-        assert_eq!(
-            judge(&running, &[wrapper_failed], &t, t0(), g),
-            Verdict::Running,
-            "without a result, wait for the Job's verdict"
-        );
-    }
-
-    #[test]
-    fn a_complete_job_whose_pod_is_gone_is_an_error() {
-        let (t, g) = (token(), GRACE);
-        let done = job_with(condition("Complete", ""));
-        let v = judge(&done, &[], &t, t0(), g);
-        assert!(
-            matches!(v, Verdict::Done(ToolResult::Error { message }) if message.contains("pod is gone"))
-        );
-    }
-
-    #[test]
-    fn a_job_past_its_deadline_names_the_timeout() {
-        let (t, g) = (token(), GRACE);
-        let deadline = job_with(condition("Failed", "DeadlineExceeded"));
-        let v = judge(&deadline, &[], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("timeout of 7 s") && message.contains("deadline")),
-            "{v:?}"
-        );
-    }
-
-    #[test]
-    fn a_failed_job_names_out_of_memory_the_wrappers_exit_or_a_deleted_pod() {
-        let (t, g) = (token(), GRACE);
-        let failed = failed_job();
-        let oom = pod_with(terminated("OOMKilled", 137, ""));
-        let v = judge(&failed, &[oom], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("out of memory") && message.contains("32Mi")),
-            "{v:?}"
-        );
-        let wrapper = pod_with(terminated(
-            "Error",
-            64,
-            "agents tool-exec: cannot read the envelope",
-        ));
-        let v = judge(&failed, &[wrapper], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("exit code 64") && message.contains("cannot read the envelope")),
-            "{v:?}"
-        );
-        let v = judge(&failed, &[], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("deleted")),
-            "{v:?}"
-        );
-    }
-
-    #[test]
-    fn an_evicted_pod_is_an_error_even_after_it_reported() {
-        let (t, g) = (token(), GRACE);
-        let failed = failed_job();
-        let evicted =
-            pod_with(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
-        let v = judge(&failed, &[evicted], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: low on memory")),
-            "{v:?}"
-        );
-        let (sigterm, _) = report(&t, &ToolResult::error("the tool was stopped by SIGTERM"));
-        let mut evicted_after_report = pod_with(terminated("Completed", 0, &sigterm));
-        let status = evicted_after_report.status.as_mut().unwrap();
-        status.reason = Some("Evicted".into());
-        status.message = Some("disk pressure".into());
-        let v = judge(&failed, &[evicted_after_report], &t, t0(), g);
-        assert!(
-            matches!(&v, Verdict::Done(ToolResult::Error { message }) if message.contains("evicted: disk pressure")),
-            "{v:?}"
-        );
-    }
-
-    #[test]
-    fn a_waiting_pod_is_stuck_at_once_for_a_fatal_reason_and_after_the_grace_otherwise() {
-        let (t, g) = (token(), GRACE);
-        let running = job_with(json!([]));
-        let waiting = |reason: &str| {
-            pod_with(
-                json!({"containerStatuses": [{"name": "tool", "image": "nope:1", "imageID": "",
-                "ready": false, "restartCount": 0,
-                "state": {"waiting": {"reason": reason, "message": "details"}}}]}),
-            )
-        };
-        assert!(matches!(
-            judge(&running, &[waiting("ErrImageNeverPull")], &t, t0() + 1, g),
-            Verdict::Stuck(m) if m.contains("nope:1") && m.contains("ErrImageNeverPull")
-        ));
-        assert_eq!(
-            judge(&running, &[waiting("ImagePullBackOff")], &t, t0() + 5, g),
-            Verdict::Running
-        );
-        assert!(matches!(
-            judge(&running, &[waiting("ImagePullBackOff")], &t, t0() + 31, g),
-            Verdict::Stuck(_)
-        ));
-        assert_eq!(
-            judge(&running, &[waiting("ContainerCreating")], &t, t0() + 999, g),
-            Verdict::Running
-        );
     }
 }
