@@ -460,6 +460,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         }),
         inbox: state.inbox.clone(),
         model_attempts: state.model_attempts,
+        failed_steps: state.failed_steps,
         model_retry_at: state.model_attempt.retry_at().map(time),
         model_claim: state.model_attempt.claim().map(claim_status),
         traceparent: None,
@@ -521,6 +522,7 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
         model_attempt,
         messages_taken: status.messages_seen,
         retries_taken: status.retries_seen,
+        failed_steps: status.failed_steps,
     };
     state.phase = derive_phase(&state, status.phase);
     Ok(state)

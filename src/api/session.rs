@@ -175,6 +175,10 @@ pub struct SessionStatus {
     /// Failed model calls in a row.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub model_attempts: u32,
+    /// Steps of the operator that failed in a row for a reason of the
+    /// session's own; at 8 the session fails. Reset by a step that ends well.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_steps: u32,
     /// When the model call is retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_retry_at: Option<Time>,
