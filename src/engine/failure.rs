@@ -6,7 +6,7 @@
 
 use super::{patiently, Clock, EngineError, SessionPort, MAX_CONFLICTS};
 use crate::core::SessionId;
-use crate::store::{SessionRecord, StoreError};
+use crate::ports::{SessionRecord, StoreError};
 
 /// Steps of one session that may fail in a row (for a reason of its own)
 /// before the session is failed: a failure repeats a counted number of

@@ -366,10 +366,15 @@ mod status_writes {
         ["patch", "_status"].concat()
     }
 
+    /// The calls that write a status, spelt apart as [`write`] is.
+    fn writes() -> [String; 2] {
+        [format!(".{}(", write()), format!(".replace{}(", "_status")]
+    }
+
     /// The functions of `text` that write a status without a precondition.
     fn blind_writes(text: &str) -> Vec<String> {
         let lines: Vec<&str> = text.lines().collect();
-        let writes = [format!(".{}(", write()), ".replace_status(".to_string()];
+        let writes = writes();
         let mut blind = Vec::new();
         for (at, line) in lines.iter().enumerate() {
             let code = line.trim_start();
