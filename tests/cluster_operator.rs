@@ -1481,7 +1481,6 @@ spec:
 /// status: an operator SIGKILLed after a few failures and started again
 /// goes on counting, and the session fails after 8 in all, not 8 more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet seen green: its one run (while the shared cluster was being restarted) ended with status.failedSteps back at 1; run with --ignored"]
 async fn failed_steps_are_counted_across_an_operator_restart() {
     let Some((client, ns)) = setup("op-failcount").await else {
         return;
