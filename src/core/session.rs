@@ -257,6 +257,15 @@ pub struct SessionState {
     /// How many user retries of a failed session were taken (`spec.retry`).
     #[serde(default)]
     pub retries_taken: u32,
+    /// Steps of a driver that failed in a row (for a reason of the
+    /// session's own), kept with the session so that the limit holds
+    /// across driver restarts; a step that ends well resets it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_steps: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SessionState {
@@ -284,6 +293,7 @@ impl SessionState {
             model_attempt: Attempt::Unclaimed,
             messages_taken: 0,
             retries_taken: 0,
+            failed_steps: 0,
         }
     }
 
@@ -572,6 +582,11 @@ impl Session {
 
     pub fn state(&self) -> &SessionState {
         &self.state
+    }
+
+    /// A driver's step ended well: failures in a row count from zero again.
+    pub fn step_succeeded(&mut self) {
+        self.state.failed_steps = 0;
     }
 
     pub fn into_state(self) -> SessionState {

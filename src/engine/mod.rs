@@ -27,6 +27,7 @@
 //! replayed onto the reloaded state, never lost.
 
 pub mod events;
+pub mod failure;
 pub mod holder;
 mod spans;
 mod tasks;
@@ -41,6 +42,7 @@ use crate::core::{
     SessionId, SessionState, ToolResult, ToolSchema, WaitingFor,
 };
 pub use events::{Progress, Provenance, Work};
+pub use failure::{fail, step_failed, Failing, MAX_FAILED_STEPS};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -430,6 +432,7 @@ async fn step_once(
     let mut looked_again = false;
     loop {
         drain(p, &ctx, &mut session, &mut cp, replay, &mut looked_again).await?;
+        session.step_succeeded();
         let now = p.clock.now();
         let state = session.state().clone();
         cp.save(&state, now).await?;

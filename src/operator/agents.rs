@@ -113,16 +113,28 @@ async fn reconcile(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error
         mcp_tools,
     };
     // A merge patch: lists are replaced whole, and emptied ones removed.
-    let mut patch = json!({ "status": next });
+    // Over the version checked: an Agent changed meanwhile is checked again
+    // (the watch brings it), never given the status of its old spec.
+    let mut patch = json!({
+        "metadata": {"resourceVersion": agent.resource_version()},
+        "status": next,
+    });
     for list in ["mcpServers", "mcpTools"] {
         if patch["status"].get(list).is_none() {
             patch["status"][list] = serde_json::Value::Null;
         }
     }
     let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), &ns);
-    agents
+    match agents
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(agent = %format!("{ns}/{name}"), "agent changed while checked; checking again");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        written => written?,
+    };
     if ready.status == Status::True {
         info!(agent = %format!("{ns}/{name}"), "agent valid");
     } else {

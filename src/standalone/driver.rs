@@ -134,7 +134,10 @@ pub async fn drive(
     let rt = runtime(agent);
     let clock = SystemClock;
     loop {
-        let step = local_step(store, agent, &rt, id, opts, &holder, roles, report).await?;
+        let step = match local_step(store, agent, &rt, id, opts, &holder, roles, report).await {
+            Ok(step) => step,
+            Err(error) => return counted(store, id, error).await,
+        };
         match step.outcome {
             StepOutcome::Succeeded { answer } => return Ok(Outcome::Succeeded { answer }),
             StepOutcome::Failed { reason } => return Ok(Outcome::Failed { reason }),
@@ -162,6 +165,23 @@ pub async fn drive(
 /// processes on its host by their pids and start times.
 fn cli_holder() -> Holder {
     Holder::cli(&crate::host::this_process(), crate::host::processes())
+}
+
+/// A step that failed for a reason of the session's own is counted in its
+/// state, as the operator counts it: the eighth in a row (over every run
+/// of it) fails the session.
+async fn counted(
+    store: &dyn AdminPort,
+    id: &SessionId,
+    error: DriveError,
+) -> Result<Outcome, DriveError> {
+    if !error.counts_against_the_session() {
+        return Err(error);
+    }
+    match engine::step_failed(store, &SystemClock, id, &error.to_string()).await {
+        Ok(engine::Failing::Failed { reason }) => Ok(Outcome::Failed { reason }),
+        _ => Err(error),
+    }
 }
 
 /// One engine step over the local ports (the store, the agent's model and

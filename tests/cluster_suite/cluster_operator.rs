@@ -1474,3 +1474,72 @@ spec:
     assert_ne!(new_owner, old_owner);
     ns.delete(&client).await;
 }
+
+/// A step that fails for a reason of the session's own (its continuation
+/// refused by a ResourceQuota that allows none) is counted in the session's
+/// status: an operator SIGKILLed after a few failures and started again
+/// goes on counting, and the session fails after 8 in all, not 8 more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_steps_are_counted_across_an_operator_restart() {
+    let Some((client, ns)) = setup("op-failcount").await else {
+        return;
+    };
+    apply(
+        &ns.name,
+        r#"
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: no-continuations}
+spec:
+  hard: {count/continuations.agents-exe.io: "0"}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: asks}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls: [{name: ask_person, arguments: {question: "?"}}]
+  tools: [{name: ask_person, builtin: {function: echo}}]
+  policy:
+    default: runSync
+    rules: [{tool: ask_person, disposition: defer, reason: a person answers}]
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: refused}
+spec:
+  agentRef: {name: asks}
+  messages: ["ask a person"]
+"#,
+    );
+    let failed_steps = |s: &Session| status_json(s)["failedSteps"].as_u64().unwrap_or(0);
+    let mut operator = Operator::start(&ns.name, &kubeconfig(), "first");
+    wait_until(Duration::from_secs(60), "three failed steps", || async {
+        let s = session(&client, &ns.name, "refused").await;
+        (failed_steps(&s) >= 3).then_some(())
+    })
+    .await;
+    operator.kill();
+    let before = failed_steps(&session(&client, &ns.name, "refused").await);
+    assert!(before < 8, "killed before the session failed: {before}");
+    let operator = Operator::start(&ns.name, &kubeconfig(), "second");
+    wait_condition(&ns.name, "refused", "Failed", 120);
+    let s = session(&client, &ns.name, "refused").await;
+    let failure = status_json(&s)["failure"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        failure.starts_with("8 steps in a row failed") && failure.contains("quota"),
+        "{failure}"
+    );
+    let counted_here = operator.log().matches("reconcile failed; retrying").count();
+    assert!(
+        counted_here < 8,
+        "the restarted operator went on from {before}, it did not count 8 anew: {counted_here} failures"
+    );
+    assert_eq!(failed_steps(&s), 0, "a retry would count afresh");
+}
