@@ -235,12 +235,60 @@ async fn fail_session(ctx: Arc<Context>, session: Arc<Session>, reason: String) 
     match engine::fail(&store, &SystemClock, &id, &reason).await {
         Ok(Failing::Failed { reason }) => announce_failure(&ctx, &session, &reason),
         Ok(_) => {}
-        // Unreadable (corrupt) or unwritable: nothing is written blind; the
-        // ReconcileFailed Event says why, and the session is looked at again.
+        // The engine cannot read the state to fail it: the status for
+        // people says Failed, over the version read (never blind).
+        Err(EngineError::Store(StoreError::Corrupt { .. })) => {
+            match mark_unreadable_failed(&ctx, &session, &reason).await {
+                Ok(()) => announce_failure(&ctx, &session, &reason),
+                Err(e) => {
+                    warn!(session = %key(&session), error = %e, "could not mark the session Failed")
+                }
+            }
+        }
+        // Unwritable: the ReconcileFailed Event says why, and the session is
+        // looked at again.
         Err(e) => {
             warn!(session = %key(&session), error = %e, "could not mark the session Failed");
         }
     }
+}
+
+/// A session whose stored state cannot be read is Failed in its status
+/// for people (phase and failure), written over the resourceVersion just
+/// read and read again after a conflict: a session another operator
+/// mended or moved on meanwhile is not overwritten. The unreadable state
+/// stays as it was, for a person to look at.
+async fn mark_unreadable_failed(
+    ctx: &Context,
+    session: &Session,
+    reason: &str,
+) -> Result<(), kube::Error> {
+    use kube::api::{Api, Patch, PatchParams};
+    let Some(ns) = session.namespace() else {
+        return Ok(());
+    };
+    let api: Api<Session> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = session.name_any();
+    for _ in 0..5 {
+        let Some(now) = api.get_opt(&name).await? else {
+            return Ok(());
+        };
+        if super::run::is_final(&now) || now.uid() != session.uid() {
+            return Ok(());
+        }
+        let body = serde_json::json!({
+            "metadata": {"resourceVersion": now.resource_version()},
+            "status": {"phase": "Failed", "failure": reason},
+        });
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+    Ok(())
 }
 
 fn store_of(ctx: &Context, session: &Session) -> Option<KubeStore> {

@@ -1515,7 +1515,7 @@ spec:
   messages: ["ask a person"]
 "#,
     );
-    let failed_steps = |s: &Session| status_json(s)["failedSteps"].as_u64().unwrap_or(0);
+    let failed_steps = |s: &Session| status_json(s)["state"]["failedSteps"].as_u64().unwrap_or(0);
     let mut operator = Operator::start(&ns.name, &kubeconfig(), "first");
     wait_until(Duration::from_secs(60), "three failed steps", || async {
         let s = session(&client, &ns.name, "refused").await;

@@ -461,7 +461,7 @@ async fn a_session_that_cannot_go_on_fails_saying_why() {
     })
     .await;
     let broken = serde_json::from_value(json!([
-        {"op": "remove", "path": "/status/openTurn/calls/0/token"}
+        {"op": "remove", "path": "/status/state/open/calls/0/token"}
     ]))
     .unwrap();
     sessions
