@@ -182,8 +182,6 @@ pub struct Context {
     pub mcp: Arc<crate::tools::mcp::McpPool>,
     /// Reconcile slots per namespace.
     slots: Arc<slots::NamespaceSlots>,
-    /// Sessions as the watch delivered them, whole, for their next step.
-    handed: crate::store::kube::HandedSessions,
 }
 
 impl Context {
@@ -223,7 +221,6 @@ impl Context {
             announced: Mutex::default(),
             mcp: Arc::default(),
             slots: slots::NamespaceSlots::new(per_namespace(opts, ns).into()),
-            handed: Default::default(),
         }
     }
 }

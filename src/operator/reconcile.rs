@@ -53,9 +53,10 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     if let Some(wait) = failure::backing_off(&ctx, &session) {
         return Ok(Action::requeue(wait));
     }
-    let store = KubeStore::new(ctx.client.clone(), &ns)
-        .with_cache(ctx.cache.clone())
-        .starting_from(ctx.handed.take(&ns, &name));
+    // Each step reads the session afresh: the watch's copy can be older
+    // than this operator's own last write, and a step from it would see
+    // its own claim of a call as work cut off and run that call again.
+    let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,

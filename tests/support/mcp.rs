@@ -56,6 +56,9 @@ pub struct McpServer {
     /// Where it logs every call (JSON lines), with its revision and headers.
     pub calls: PathBuf,
     log: PathBuf,
+    /// Where the log went on once the readiness probe was answered: the
+    /// probe's own session is not the test's traffic.
+    log_from: usize,
 }
 
 impl McpServer {
@@ -94,8 +97,16 @@ impl McpServer {
             port,
             calls,
             log,
+            log_from: 0,
         };
         server.wait_until_it_answers(READY_WITHIN);
+        // The probe's session is logged as it is made; wait (briefly) for
+        // that line so it falls before the test's part of the log.
+        let logged = Instant::now() + Duration::from_secs(1);
+        while !server.log_text().contains("session ID") && Instant::now() < logged {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server.log_from = server.log_text().len();
         server
     }
 
@@ -135,8 +146,10 @@ impl McpServer {
         read_calls(&self.calls)
     }
 
+    /// What the server logged after it answered the readiness probe.
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.get(self.log_from..).unwrap_or_default().to_string()
     }
 }
 
