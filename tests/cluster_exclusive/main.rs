@@ -1,6 +1,7 @@
 //! Cluster tests that need the test cluster to themselves: they kill or
 //! pause its components (chaos), load it with a thousand sessions (burst,
-//! scale), read the API server's and etcd's own counters (killloop, scale),
+//! scale), read the API server's and etcd's own counters (killloop, scale,
+//! writes: every request in the cluster counts),
 //! or install the chart with an operator that watches every namespace
 //! (helm). Each module is one former `tests/cluster_*.rs` file; before the
 //! files were merged, cargo ran one test binary at a time, so no two of
@@ -19,3 +20,4 @@ mod cluster_chaos;
 mod cluster_helm;
 mod cluster_killloop;
 mod cluster_scale;
+mod cluster_writes;

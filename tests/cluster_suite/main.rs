@@ -27,4 +27,3 @@ mod cluster_storage;
 mod cluster_tenant;
 mod cluster_tracing;
 mod cluster_ui;
-mod cluster_writes;
