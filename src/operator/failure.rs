@@ -292,7 +292,7 @@ async fn mark_unreadable_failed(
 }
 
 fn store_of(ctx: &Context, session: &Session) -> Option<KubeStore> {
-    Some(KubeStore::new(ctx.client.clone(), &session.namespace()?))
+    Some(ctx.store(&session.namespace()?))
 }
 
 fn announce_failure(ctx: &Context, session: &Session, reason: &str) {

@@ -182,6 +182,11 @@ pub struct Context {
     pub mcp: Arc<crate::tools::mcp::McpPool>,
     /// Reconcile slots per namespace.
     slots: Arc<slots::NamespaceSlots>,
+    /// Sessions as the watch delivered them, whole, for their next step.
+    handed: crate::store::kube::HandedSessions,
+    /// The newest version of each session this process saw: a handed copy
+    /// older than it is not used.
+    known: Arc<crate::store::kube::KnownVersions>,
 }
 
 impl Context {
@@ -221,7 +226,17 @@ impl Context {
             announced: Mutex::default(),
             mcp: Arc::default(),
             slots: slots::NamespaceSlots::new(per_namespace(opts, ns).into()),
+            handed: Default::default(),
+            known: Default::default(),
         }
+    }
+
+    /// The store every session write of this process goes through: it
+    /// shares the result cache and notes each version it reads or writes.
+    fn store(&self, ns: &str) -> crate::store::kube::KubeStore {
+        crate::store::kube::KubeStore::new(self.client.clone(), ns)
+            .with_cache(self.cache.clone())
+            .with_known_versions(self.known.clone())
     }
 }
 

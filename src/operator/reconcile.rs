@@ -53,10 +53,10 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     if let Some(wait) = failure::backing_off(&ctx, &session) {
         return Ok(Action::requeue(wait));
     }
-    // Each step reads the session afresh: the watch's copy can be older
-    // than this operator's own last write, and a step from it would see
-    // its own claim of a call as work cut off and run that call again.
-    let store = KubeStore::new(ctx.client.clone(), &ns).with_cache(ctx.cache.clone());
+    // The step starts from the watch's copy only when it is the newest
+    // this process saw: an older one would show the operator's own claim
+    // of a call as work cut off, and the call would run again.
+    let store = ctx.store(&ns).starting_from(ctx.handed.take(&ns, &name));
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,

@@ -211,13 +211,20 @@ pub async fn run_with(
     );
     let (sessions, writer) = kube::runtime::reflector::store::<Session>();
     let (agents_seen, agents_writer) = kube::runtime::reflector::store::<Agent>();
+    let ctx_handed = crate::store::kube::HandedSessions::default();
     let session_events = tracked_watch(
         api::<Session>(&watching, ns),
         watcher::Config::default(),
         &health,
         format!("watch sessions/{scope}"),
     )
-    .modify(keep_what_reconcile_reads)
+    .modify({
+        let handed = ctx_handed.clone();
+        move |s| {
+            handed.hand_in(s);
+            keep_what_reconcile_reads(s)
+        }
+    })
     .reflect(writer)
     .applied_objects();
     let controller = Controller::for_stream(session_events, sessions.clone());
@@ -226,7 +233,7 @@ pub async fn run_with(
         wake_tx.clone(),
         opts.max_background_runs_per_namespace.into(),
     ));
-    let ctx = Arc::new(Context::new(
+    let mut context = Context::new(
         &client,
         ns,
         &opts,
@@ -234,7 +241,9 @@ pub async fn run_with(
         background.clone(),
         metrics,
         agents_seen,
-    ));
+    );
+    context.handed = ctx_handed;
+    let ctx = Arc::new(context);
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
@@ -385,10 +394,11 @@ async fn resync_loop(
 }
 
 /// What the operator keeps of each watched Session: its identity, how it
-/// names its agent, its phase, conditions and counters. Every step reads
-/// the session afresh, so the conversation (`status.state`, messages), the
-/// managed fields and kubectl's last-applied copy are dropped as they
-/// arrive: memory grows with the number of sessions, not their length.
+/// names its agent, its phase, conditions and counters. A step starts
+/// from the whole object, handed to it beside this cache (or reads it), so
+/// the conversation (`status.state`, messages), the managed fields and
+/// kubectl's last-applied copy are dropped here as they arrive: memory
+/// grows with the number of sessions, not their length.
 fn keep_what_reconcile_reads(session: &mut Session) {
     session.metadata.managed_fields = None;
     if let Some(notes) = session.metadata.annotations.as_mut() {

@@ -12,7 +12,6 @@ use super::{resolve, Context, Error};
 use crate::api::Session;
 use crate::core::{SessionState, WaitingFor};
 use crate::ports::SessionPort;
-use crate::store::kube::KubeStore;
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -95,7 +94,7 @@ pub async fn cancel_then_release(ctx: &Context, session: &Session, ns: &str) -> 
     if !holds(session) {
         return Ok(());
     }
-    let store = KubeStore::new(ctx.client.clone(), ns);
+    let store = ctx.store(ns);
     let id = crate::core::SessionId(name.clone());
     if let Some(loaded) = store.load(&id).await? {
         cancel_open_tasks(ctx, session, ns, &loaded.value.state).await;

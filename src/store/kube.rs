@@ -52,6 +52,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::{debug, warn};
 
+mod handed;
+pub use handed::{HandedSessions, KnownVersions};
+
 /// The label that ties a Continuation to its Session (by name; the owner
 /// reference ties it by UID).
 pub const SESSION_LABEL: &str = "agents-exe.io/session";
@@ -113,36 +116,10 @@ pub struct KubeStore {
     /// The Session a watch handed in: the first load starts from it
     /// instead of reading it again; a load after a conflict reads.
     handed: Arc<Mutex<Option<Session>>>,
+    /// The newest version of each session this process saw, shared by the
+    /// operator's steps (see [`KnownVersions`]).
+    known: Arc<KnownVersions>,
     client: Client,
-}
-
-/// The newest whole Session objects a watch delivered, each kept until a
-/// step takes it. A driver whose cache keeps trimmed copies (so memory
-/// grows with the number of sessions, not their length) hands them in
-/// here, so the step need not read again what the watch just delivered.
-#[derive(Clone, Default)]
-pub struct HandedSessions(Arc<Mutex<HashMap<(String, String), Session>>>);
-
-/// Objects kept at most: each waits only for its reconcile, and one whose
-/// reconcile never comes (it was deleted) must not pile up.
-const HANDED_MOST: usize = 4096;
-
-impl HandedSessions {
-    /// Keeps `session` (the watch's newest) for its next step.
-    pub fn hand_in(&self, session: &Session) {
-        let key = (session.namespace().unwrap_or_default(), session.name_any());
-        let mut kept = self.0.lock().expect("handed lock");
-        if kept.len() >= HANDED_MOST && !kept.contains_key(&key) {
-            kept.clear();
-        }
-        kept.insert(key, session.clone());
-    }
-
-    /// The object the watch last handed in for `namespace/name`, once.
-    pub fn take(&self, namespace: &str, name: &str) -> Option<Session> {
-        let key = (namespace.to_string(), name.to_string());
-        self.0.lock().expect("handed lock").remove(&key)
-    }
 }
 
 /// A Continuation result larger than this (as JSON) spills into blobs; a
@@ -162,6 +139,7 @@ impl KubeStore {
             client,
             blobs: Default::default(),
             handed: Default::default(),
+            known: Default::default(),
             report: Arc::new(StateConditions),
             seen: Default::default(),
             listed: Default::default(),
@@ -193,10 +171,18 @@ impl KubeStore {
     }
 
     /// Starts the first load from `session`, as a watch delivered it,
-    /// instead of reading it again. A stale one costs a conflict on the
-    /// first write, and the load after it reads afresh.
+    /// instead of reading it again, when it is the newest version this
+    /// process saw of it (see [`KnownVersions`]); otherwise the load reads.
     pub fn starting_from(self, session: Option<Session>) -> Self {
-        *self.handed.lock().expect("handed lock") = session;
+        let trusted = session.filter(|s| self.known.trusts(s));
+        *self.handed.lock().expect("handed lock") = trusted;
+        self
+    }
+
+    /// Shares the newest versions seen between stores (the operator keeps
+    /// one per process); set it before [`Self::starting_from`].
+    pub fn with_known_versions(mut self, known: Arc<KnownVersions>) -> Self {
+        self.known = known;
         self
     }
 
@@ -232,6 +218,7 @@ impl KubeStore {
     }
 
     fn remember(&self, name: &str, seen: Seen) {
+        self.known.note(&self.namespace, name, &seen.version);
         self.seen
             .lock()
             .expect("seen lock")

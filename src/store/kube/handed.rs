@@ -1,0 +1,198 @@
+//! A step that starts from the Session the watch handed in, only when that
+//! copy is exactly what a fresh read would return.
+//!
+//! The watch can lag behind this process's own writes: a step from a copy
+//! older than its own last write would see its own claim of a call as work
+//! cut off and run that call again. So the copy is used only when its
+//! resourceVersion is the newest this process has seen of the session
+//! through its own requests (or the process never touched the session);
+//! otherwise the step reads, as it always did. Resource versions are only
+//! compared for equality, as the API's contract allows.
+
+use crate::api::Session;
+use kube::ResourceExt;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+type Key = (String, String);
+
+fn key_of(session: &Session) -> Key {
+    (session.namespace().unwrap_or_default(), session.name_any())
+}
+
+/// Whole objects kept at most: each waits only for its reconcile, and one
+/// whose reconcile never comes (it was deleted) must not pile up.
+const HANDED_MOST: usize = 4096;
+/// Bytes (as JSON) of whole objects kept at most, so a burst of long
+/// sessions cannot grow the operator: a copy past it is not kept, and its
+/// step reads instead.
+const HANDED_BYTES_MOST: usize = 32 * 1024 * 1024;
+/// Sessions whose newest known version is kept at most.
+const KNOWN_MOST: usize = 200_000;
+
+/// The newest whole Session objects a watch delivered, each kept until a
+/// step takes it, within [`HANDED_MOST`] objects and [`HANDED_BYTES_MOST`].
+#[derive(Clone, Default)]
+pub struct HandedSessions(Arc<Mutex<Handed>>);
+
+#[derive(Default)]
+struct Handed {
+    kept: HashMap<Key, (Session, usize)>,
+    bytes: usize,
+}
+
+impl HandedSessions {
+    /// Keeps `session` (the watch's newest) for its next step.
+    pub fn hand_in(&self, session: &Session) {
+        let size = json_size(session);
+        let key = key_of(session);
+        let mut handed = self.0.lock().expect("handed lock");
+        if let Some((_, old)) = handed.kept.remove(&key) {
+            handed.bytes -= old;
+        }
+        let full = handed.kept.len() >= HANDED_MOST;
+        if full || handed.bytes + size > HANDED_BYTES_MOST {
+            return;
+        }
+        handed.bytes += size;
+        handed.kept.insert(key, (session.clone(), size));
+    }
+
+    /// The object the watch last handed in for `namespace/name`, once.
+    pub fn take(&self, namespace: &str, name: &str) -> Option<Session> {
+        let key = (namespace.to_string(), name.to_string());
+        let mut handed = self.0.lock().expect("handed lock");
+        let (session, size) = handed.kept.remove(&key)?;
+        handed.bytes -= size;
+        Some(session)
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.0.lock().expect("handed lock").bytes
+    }
+}
+
+/// The newest resourceVersion this process saw of each session through its
+/// own reads and writes.
+#[derive(Default)]
+pub struct KnownVersions {
+    newest: Mutex<HashMap<Key, String>>,
+    /// Set once entries were dropped: a session with no entry may then have
+    /// been touched, and its handed copy is no longer trusted.
+    forgot: AtomicBool,
+}
+
+impl KnownVersions {
+    /// Notes `version` as the newest seen of `namespace/name`.
+    pub fn note(&self, namespace: &str, name: &str, version: &str) {
+        let mut newest = self.newest.lock().expect("known lock");
+        if newest.len() >= KNOWN_MOST && !newest.contains_key(&(namespace.into(), name.into())) {
+            newest.clear();
+            self.forgot.store(true, Ordering::Relaxed);
+        }
+        newest.insert((namespace.into(), name.into()), version.into());
+    }
+
+    /// Whether a step may start from `session` as handed in: it is the
+    /// newest this process knows of, or this process never touched it.
+    pub fn trusts(&self, session: &Session) -> bool {
+        let Some(version) = session.resource_version() else {
+            return false;
+        };
+        match self
+            .newest
+            .lock()
+            .expect("known lock")
+            .get(&key_of(session))
+        {
+            Some(newest) => *newest == version,
+            None => !self.forgot.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// JSON bytes of `value`, counted without keeping them.
+fn json_size<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX / 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::session::SessionSpec;
+
+    fn session(name: &str, version: &str, message: &str) -> Session {
+        let spec: SessionSpec = serde_json::from_value(
+            serde_json::json!({"agentRef": {"name": "a"}, "messages": [message]}),
+        )
+        .expect("a valid spec");
+        let mut s = Session::new(name, spec);
+        s.metadata.namespace = Some("ns".into());
+        s.metadata.resource_version = Some(version.into());
+        s
+    }
+
+    #[test]
+    fn a_copy_older_than_the_last_write_is_not_trusted() {
+        let known = KnownVersions::default();
+        let watched = session("s", "5", "hi");
+        assert!(
+            known.trusts(&watched),
+            "never touched: the copy is as good as a read"
+        );
+        known.note("ns", "s", "6");
+        assert!(
+            !known.trusts(&watched),
+            "the process wrote 6 after the copy's 5"
+        );
+        known.note("ns", "s", "5");
+        assert!(known.trusts(&watched));
+    }
+
+    #[test]
+    fn once_entries_were_dropped_an_untouched_session_is_read() {
+        let known = KnownVersions::default();
+        for i in 0..=KNOWN_MOST {
+            known.note("ns", &format!("s{i}"), "1");
+        }
+        assert!(!known.trusts(&session("other", "1", "hi")));
+    }
+
+    #[test]
+    fn handed_copies_are_bounded_in_bytes_and_taken_once() {
+        let handed = HandedSessions::default();
+        let big = "x".repeat(HANDED_BYTES_MOST / 2 + 1);
+        handed.hand_in(&session("a", "1", &big));
+        handed.hand_in(&session("b", "1", &big));
+        assert!(
+            handed.take("ns", "b").is_none(),
+            "past the byte bound: not kept"
+        );
+        handed.hand_in(&session("a", "2", "small"));
+        assert!(
+            handed.bytes() < 1024,
+            "a newer copy replaces the old one's bytes"
+        );
+        let taken = handed.take("ns", "a").expect("kept");
+        assert_eq!(taken.resource_version().as_deref(), Some("2"));
+        assert!(handed.take("ns", "a").is_none());
+        assert_eq!(handed.bytes(), 0);
+    }
+}
