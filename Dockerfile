@@ -28,9 +28,14 @@ USER 65532:65532
 ENTRYPOINT ["/agents"]
 
 FROM ${RUST_IMAGE} AS build
+# .git is not in the build context: pass the commit for `agents version`,
+# e.g. --build-arg AGENTS_GIT_COMMIT=$(git rev-parse --short=12 HEAD).
+ARG AGENTS_GIT_COMMIT=
+ARG SOURCE_DATE_EPOCH=
 WORKDIR /src
 COPY . .
-RUN RUSTFLAGS="-C target-feature=+crt-static" \
+RUN AGENTS_GIT_COMMIT="${AGENTS_GIT_COMMIT}" SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH}" \
+    RUSTFLAGS="-C target-feature=+crt-static" \
       cargo build --release --locked --target x86_64-unknown-linux-gnu \
  && cp target/x86_64-unknown-linux-gnu/release/agents /agents
 

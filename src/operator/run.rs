@@ -248,6 +248,7 @@ pub async fn run_with(
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
     }
     spawn_loops(&client, ns, &opts, &health, &sessions, background, wake_tx);
+    tokio::spawn(count_phases_loop(sessions.clone(), ctx.metrics.clone()));
     let controller_guard = health.register_loop(&format!("sessions/{scope}"));
     let wakes =
         futures::stream::unfold(
@@ -362,6 +363,38 @@ fn spawn_loops(
         let _guard = resync_guard;
         resync_loop(resynced, resync_tx, period, rate).await
     });
+}
+
+/// How often `agents_sessions{phase}` is set from the watch's cache.
+const PHASE_COUNT_EVERY: Duration = Duration::from_secs(10);
+
+/// Keeps `agents_sessions{phase}` true to the watch's cache: every phase
+/// is set each round, zeros included, so a phase emptied reads 0.
+async fn count_phases_loop(sessions: Store<Session>, metrics: Arc<crate::observe::Metrics>) {
+    use crate::api::session::SessionPhase;
+    let mut tick = tokio::time::interval(PHASE_COUNT_EVERY);
+    loop {
+        tick.tick().await;
+        let mut counts = std::collections::BTreeMap::<String, i64>::new();
+        for phase in [
+            SessionPhase::Pending,
+            SessionPhase::AwaitingModel,
+            SessionPhase::Running,
+            SessionPhase::Waiting,
+            SessionPhase::Paused,
+            SessionPhase::Succeeded,
+            SessionPhase::Failed,
+        ] {
+            counts.insert(format!("{phase:?}"), 0);
+        }
+        for session in sessions.state() {
+            let phase = session.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            *counts.entry(format!("{phase:?}")).or_default() += 1;
+        }
+        for (phase, count) in counts {
+            metrics.set_sessions(&phase, count);
+        }
+    }
 }
 
 /// The safety net under the watches: every session that is not final is

@@ -143,6 +143,24 @@ async fn api_writes_per_call_of_the_requested_flow() {
         value("agents_model_calls_total{outcome=\"ok\"}") >= 2.0,
         "{metrics}"
     );
+    // The phase gauge is set from the watch's cache every few seconds.
+    let mut succeeded = 0.0;
+    for _ in 0..30 {
+        let metrics = op.probe("/metrics").1;
+        succeeded = metrics
+            .lines()
+            .filter(|l| l.starts_with("agents_sessions{phase=\"Succeeded\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if succeeded >= 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        succeeded, 1.0,
+        "agents_sessions counts the finished session"
+    );
     drop(op);
     assert_eq!(keys.keys_seen().len(), 2, "both http calls ran");
     let delta: BTreeMap<_, _> = after
