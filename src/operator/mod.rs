@@ -187,6 +187,9 @@ pub struct Context {
     /// The newest version of each session this process saw: a handed copy
     /// older than it is not used.
     known: Arc<crate::store::kube::KnownVersions>,
+    /// Spilled blobs (archived turns, large results) read or written,
+    /// immutable, bounded in bytes.
+    blobs: Arc<crate::store::kube::BlobCache>,
 }
 
 impl Context {
@@ -228,6 +231,9 @@ impl Context {
             slots: slots::NamespaceSlots::new(per_namespace(opts, ns).into()),
             handed: Default::default(),
             known: Default::default(),
+            blobs: Arc::new(crate::store::kube::BlobCache::with_bound(
+                crate::store::kube::SHARED_BLOB_BYTES,
+            )),
         }
     }
 
@@ -237,6 +243,7 @@ impl Context {
         crate::store::kube::KubeStore::new(self.client.clone(), ns)
             .with_cache(self.cache.clone())
             .with_known_versions(self.known.clone())
+            .with_blob_cache(self.blobs.clone())
     }
 }
 

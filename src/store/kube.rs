@@ -52,7 +52,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::{debug, warn};
 
+mod blob_cache;
 mod handed;
+pub use blob_cache::{BlobCache, SHARED_BLOB_BYTES};
 pub use handed::{HandedSessions, KnownVersions};
 
 /// The label that ties a Continuation to its Session (by name; the owner
@@ -112,7 +114,7 @@ pub struct KubeStore {
     writes: Arc<AtomicU32>,
     configmaps: Api<ConfigMap>,
     /// Spilled blobs read or written (immutable, so never stale).
-    blobs: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    blobs: Arc<BlobCache>,
     /// The Session a watch handed in: the first load starts from it
     /// instead of reading it again; a load after a conflict reads.
     handed: Arc<Mutex<Option<Session>>>,
@@ -183,6 +185,13 @@ impl KubeStore {
     /// one per process); set it before [`Self::starting_from`].
     pub fn with_known_versions(mut self, known: Arc<KnownVersions>) -> Self {
         self.known = known;
+        self
+    }
+
+    /// Shares the spilled blobs read and written between stores (the
+    /// operator keeps one per process, bounded in bytes).
+    pub fn with_blob_cache(mut self, blobs: Arc<BlobCache>) -> Self {
+        self.blobs = blobs;
         self
     }
 
@@ -271,8 +280,8 @@ impl KubeStore {
     /// cannot pull another session's data (or any other ConfigMap) in.
     async fn fetch_blob(&self, uid: &str, name: String) -> Result<Vec<u8>, String> {
         let key = blob_key(uid, &name);
-        if let Some(b) = self.blobs.lock().expect("blobs lock").get(&key) {
-            return Ok(b.clone());
+        if let Some(b) = self.blobs.get(&key) {
+            return Ok(b.to_vec());
         }
         let cm = self
             .configmaps
@@ -292,10 +301,7 @@ impl KubeStore {
             .and_then(|mut d| d.remove(BLOB_KEY))
             .ok_or_else(|| format!("ConfigMap {name} has no {BLOB_KEY}"))?
             .0;
-        self.blobs
-            .lock()
-            .expect("blobs lock")
-            .insert(key, data.clone());
+        self.blobs.insert(key, Arc::new(data.clone()));
         Ok(data)
     }
 
@@ -305,7 +311,7 @@ impl KubeStore {
     async fn put_blobs(&self, owner: &SessionRef, blobs: Vec<Blob>) -> StoreResult<()> {
         for blob in blobs {
             let key = blob_key(&owner.uid, &blob.name);
-            if self.blobs.lock().expect("blobs lock").contains_key(&key) {
+            if self.blobs.contains(&key) {
                 continue;
             }
             let cm = ConfigMap {
@@ -338,10 +344,7 @@ impl KubeStore {
                 }
                 Err(e) => return Err(backend(e)),
             }
-            self.blobs
-                .lock()
-                .expect("blobs lock")
-                .insert(key, blob.data);
+            self.blobs.insert(key, Arc::new(blob.data));
         }
         Ok(())
     }
