@@ -33,10 +33,12 @@ use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::io::{Read, Write};
 
-/// What the Session status is packed down to when it can be: well under
-/// etcd's limit, so an object with metadata, spec and status stays far
-/// from it.
-pub const STATUS_BUDGET_BYTES: usize = 256 * 1024;
+/// What the Session status is packed down to when it can be: far under
+/// etcd's limit, and small, because the API server decodes, converts and
+/// encodes the whole object on every status write (a long session's
+/// writes cost what a short one's do; older turns live in blobs written
+/// once).
+pub const STATUS_BUDGET_BYTES: usize = 48 * 1024;
 /// The most a status may take once everything that can spill has.
 pub const MAX_STATUS_BYTES: usize = 1024 * 1024;
 /// The most a whole Session object (metadata, spec, status) may take as
@@ -56,8 +58,10 @@ pub const BLOB_BYTES: usize = 512 * 1024;
 /// anything is held: a result (at most `maxResultBytes`, 8 MiB by default)
 /// fits with room to spare.
 pub const MAX_SPILLED_BYTES: usize = 24 * 1024 * 1024;
-/// Target size of one archived chunk of turns (before compression).
-pub const CHUNK_BYTES: usize = 128 * 1024;
+/// Target size of one archived chunk of turns (before compression): half
+/// the status budget, so the turns of a chunk still filling fit in the
+/// status beside the recent ones and are archived only once complete.
+pub const CHUNK_BYTES: usize = STATUS_BUDGET_BYTES / 2;
 /// Turns kept in the status while it fits its budget, for `kubectl get -o
 /// yaml` readers; archived too when it does not.
 pub const KEEP_RECENT_TURNS: usize = 8;
@@ -315,6 +319,26 @@ fn chunk_len(turns: &[Value]) -> usize {
         .max(1)
 }
 
+/// The sizes of the complete chunks `turns` (all of a session's, from its
+/// first) fall into: runs of at most [`CHUNK_BYTES`] (a larger turn alone).
+/// A chunk is complete once the turn after it exists; its boundaries
+/// depend only on the turns up to that one, so at every later write it has
+/// the same turns, and so the same blob name and content.
+fn complete_chunks(turns: &[Value]) -> Vec<(usize, usize)> {
+    let mut chunks = Vec::new();
+    let (mut len, mut bytes) = (0, 0);
+    for turn in turns {
+        let size = json_len(turn) + 1;
+        if len > 0 && bytes + size > CHUNK_BYTES {
+            chunks.push((len, bytes));
+            (len, bytes) = (0, 0);
+        }
+        len += 1;
+        bytes += size;
+    }
+    chunks
+}
+
 fn archive(
     session: &str,
     first_turn: u32,
@@ -331,11 +355,13 @@ fn archive(
     }
 }
 
-/// Archives the oldest turns, chunk by chunk, while the status is over
-/// `target`: first down to [`KEEP_RECENT_TURNS`], then down to none (the
-/// open turn stays, as do the fields that are not turns).
+/// Archives the oldest turns while the status is over `target`: complete
+/// chunks first (each written once for the session's life), the
+/// [`KEEP_RECENT_TURNS`] last turns kept; then, only if recent turns alone
+/// are over it, chunk by chunk down to none (the open turn stays, as do the
+/// fields that are not turns).
 fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: &mut Vec<Blob>) {
-    let mut first_turn = 0;
+    let mut first_turn = archive_complete_chunks(status, session, target, out);
     for keep in [KEEP_RECENT_TURNS, 0] {
         loop {
             let inline = inline_turns(status).map_or(0, |t| t.len());
@@ -351,6 +377,38 @@ fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: 
             first_turn += n as u32;
         }
     }
+}
+
+/// The complete chunks before the recent turns, oldest first, while the
+/// status is over `target` (its size counted down, not measured again per
+/// chunk: a long session has many); returns how many turns went.
+fn archive_complete_chunks(
+    status: &mut SessionStatus,
+    session: &str,
+    target: usize,
+    out: &mut Vec<Blob>,
+) -> u32 {
+    let Some(turns) = inline_turns(status) else {
+        return 0;
+    };
+    let archivable = turns.len().saturating_sub(KEEP_RECENT_TURNS);
+    let chunks = complete_chunks(turns);
+    let mut size = stored_bytes(status);
+    let (mut first_turn, mut archived) = (0u32, Vec::new());
+    let mut turns_left = inline_turns(status).expect("turns seen above");
+    for (len, bytes) in chunks {
+        if size <= target || first_turn as usize + len > archivable {
+            break;
+        }
+        let chunk: Vec<Value> = turns_left.drain(..len).collect();
+        let entry = archive(session, first_turn, &chunk, out);
+        size = (size + json_len(&entry)).saturating_sub(bytes);
+        archived.push(entry);
+        first_turn += len as u32;
+        turns_left = inline_turns(status).expect("turns seen above");
+    }
+    status.archived_turns.extend(archived);
+    first_turn
 }
 
 /// Moves large values, then old turns, out of `status` (as built from the
@@ -753,6 +811,11 @@ mod tests {
     /// `turns` user turns, each with `results` results of 15 KB: too small
     /// to spill one by one.
     fn heavy_turns(turns: u32, results: u32) -> SessionState {
+        heavy_turns_of(turns, results, 15_000)
+    }
+
+    /// `turns` user turns of `results` incompressible results of `bytes`.
+    fn heavy_turns_of(turns: u32, results: u32, bytes: usize) -> SessionState {
         let mut s = SessionState::new(SessionId("heavy".into()));
         for turn in 0..turns {
             let results = (0..results)
@@ -761,7 +824,7 @@ mod tests {
                     model_call_id: format!("m{i}"),
                     tool: "dump".into(),
                     token: None,
-                    result: ToolResult::text(noise(turn * 100 + i, 15_000)),
+                    result: ToolResult::text(noise(turn * 100 + i, bytes)),
                     truncate_bytes: None,
                 })
                 .collect();
@@ -789,9 +852,41 @@ mod tests {
     }
 
     #[test]
+    fn a_growing_session_writes_each_chunk_of_old_turns_once() {
+        let mut names = std::collections::BTreeSet::new();
+        let mut blob_bytes = 0;
+        let (mut most_status, mut last) = (0, None);
+        for turns in 1..=300 {
+            let state = heavy_turns_of(turns, 1, 2_000);
+            let mut status = session_status(&state);
+            let blobs = pack(&mut status, "long", STATUS_BUDGET_BYTES);
+            most_status = most_status.max(stored_bytes(&status));
+            for blob in &blobs {
+                if names.insert(blob.name.clone()) {
+                    blob_bytes += blob.data.len();
+                }
+            }
+            last = Some((status, blobs, state));
+        }
+        let (status, blobs, state) = last.unwrap();
+        let chunks = status.archived_turns.len();
+        assert!(chunks > 10, "{chunks} chunks");
+        assert_eq!(
+            names.len(),
+            chunks,
+            "each archived chunk is one blob, written once for the session's life"
+        );
+        assert!(most_status <= STATUS_BUDGET_BYTES, "{most_status}");
+        // Incompressible 2 KB results: what is stored stays near the turns' own size.
+        assert!(blob_bytes < 300 * 2_300, "{blob_bytes} bytes of blobs");
+        let back = unpacked(status, blobs).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
     fn recent_turns_stay_while_they_fit() {
-        // Twelve turns of 30 KB: the oldest four go, eight fit.
-        let state = heavy_turns(12, 2);
+        // Twelve turns of 5 KB: the oldest four go, eight fit.
+        let state = heavy_turns_of(12, 1, 5_000);
         let mut status = session_status(&state);
         pack(&mut status, "heavy", STATUS_BUDGET_BYTES);
         assert!(!status.archived_turns.is_empty());
@@ -805,8 +900,8 @@ mod tests {
             (roomy.target, roomy.limit),
             (STATUS_BUDGET_BYTES, MAX_STATUS_BYTES)
         );
-        let tight = Budget::beside(1_400_000, 2_000);
-        assert_eq!(tight.limit, MAX_OBJECT_BYTES - 1_402_000);
+        let tight = Budget::beside(1_500_000, 2_000);
+        assert_eq!(tight.limit, MAX_OBJECT_BYTES - 1_502_000);
         assert_eq!(tight.target, tight.limit);
         // The heavy turns pack into what the spec leaves, archiving all.
         let state = heavy_turns(10, 20);

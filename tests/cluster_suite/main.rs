@@ -16,6 +16,7 @@ mod cluster_fairness;
 mod cluster_isolated;
 mod cluster_jobs;
 mod cluster_lease;
+mod cluster_long;
 mod cluster_mcp;
 mod cluster_notify;
 mod cluster_operator;

@@ -44,7 +44,12 @@ impl BlobCache {
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<Vec<u8>>> {
-        self.kept.lock().expect("blob cache lock").blobs.get(key).cloned()
+        self.kept
+            .lock()
+            .expect("blob cache lock")
+            .blobs
+            .get(key)
+            .cloned()
     }
 
     pub fn contains(&self, key: &str) -> bool {
