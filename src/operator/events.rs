@@ -4,7 +4,7 @@
 //! copied: a result may be large, and Events are for people.
 
 use crate::core::ToolResult;
-use crate::engine::events::{waiting_for_text, CallLine, Progress};
+use crate::engine::events::{waiting_for_text, Progress};
 use crate::engine::StepOutcome;
 use kube::runtime::events::{Event, EventType};
 
@@ -42,27 +42,26 @@ pub fn for_progress(progress: &[Progress], wrote: bool) -> Vec<Event> {
     progress.iter().filter_map(|p| for_one(p, wrote)).collect()
 }
 
+/// Events go only where a person needs one: a wait, a failure, an ending.
+/// Routine steps (a message taken, a model reply, a tool's success) are
+/// in the status and the trace, and would cost the API server an object
+/// each (issue: a flow of three calls wrote nine Events).
 fn for_one(p: &Progress, wrote: bool) -> Option<Event> {
     Some(match p {
-        Progress::UserMessage { text, .. } => event(
-            EventType::Normal,
-            "MessageReceived",
-            "TakeMessage",
-            format!("user message: {}", one_line(text)),
-        ),
-        Progress::AgentTurn {
-            turn,
-            text,
-            tool_calls,
-            ..
-        } => model_replied(*turn, text.as_deref(), tool_calls),
+        Progress::UserMessage { .. } | Progress::AgentTurn { .. } => return None,
         Progress::ToolResult {
             call,
             tool,
-            result,
+            result: ToolResult::Error { message },
             by,
             ..
-        } => result_arrived(call, tool, result, by),
+        } => event(
+            EventType::Warning,
+            "ResultArrived",
+            &format!("TakeResult/{call}"),
+            format!("{call} {tool} ({by}): error: {}", one_line(message)),
+        ),
+        Progress::ToolResult { .. } => return None,
         Progress::Deferred {
             call,
             tool,
@@ -125,46 +124,6 @@ fn for_ending(p: &Progress) -> Option<Event> {
     })
 }
 
-fn model_replied(turn: u32, text: Option<&str>, tool_calls: &[CallLine]) -> Event {
-    let calls: Vec<String> = tool_calls
-        .iter()
-        .map(|c| format!("{} {} [{}]", c.call, c.tool, c.disposition))
-        .collect();
-    let mut s = format!("turn {turn}");
-    if let Some(t) = text {
-        s.push_str(&format!(": {}", one_line(t)));
-    }
-    if !calls.is_empty() {
-        s.push_str(&format!("; calls: {}", calls.join(", ")));
-    }
-    event(
-        EventType::Normal,
-        "ModelReplied",
-        &format!("CallModel/t{turn}"),
-        s,
-    )
-}
-
-fn result_arrived(
-    call: &str,
-    tool: &str,
-    result: &ToolResult,
-    by: &impl std::fmt::Display,
-) -> Event {
-    let (type_, outcome) = match result {
-        ToolResult::Success { .. } => (EventType::Normal, "success".to_string()),
-        ToolResult::Error { message } => {
-            (EventType::Warning, format!("error: {}", one_line(message)))
-        }
-    };
-    event(
-        type_,
-        "ResultArrived",
-        &format!("TakeResult/{call}"),
-        format!("{call} {tool} ({by}): {outcome}"),
-    )
-}
-
 /// The Event for a step that left the session waiting, when it changed it.
 pub fn for_outcome(outcome: &StepOutcome, wrote: bool) -> Option<Event> {
     match outcome {
@@ -219,5 +178,38 @@ mod tests {
         }];
         let e = &for_progress(&p, true)[0];
         assert!(e.note.as_ref().unwrap().len() <= MAX_NOTE);
+    }
+
+    #[test]
+    fn routine_steps_make_no_event_and_failures_do() {
+        let reply = Progress::AgentTurn {
+            session: "s".into(),
+            turn: 0,
+            text: Some("thinking".into()),
+            tool_calls: vec![],
+            usage: Default::default(),
+        };
+        let result = |result: ToolResult| Progress::ToolResult {
+            session: "s".into(),
+            call: "t0-c0".into(),
+            tool: "now".into(),
+            result,
+            by: crate::engine::Provenance::RunSync,
+            model_call_id: "m0".into(),
+            arguments: "{}".into(),
+        };
+        let routine = [
+            Progress::UserMessage {
+                session: "s".into(),
+                text: "hi".into(),
+            },
+            reply,
+            result(ToolResult::text("fine")),
+        ];
+        assert!(for_progress(&routine, true).is_empty());
+        let failed = for_progress(&[result(ToolResult::error("no route"))], true);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].type_, EventType::Warning);
+        assert!(failed[0].note.as_ref().unwrap().contains("no route"));
     }
 }
