@@ -31,25 +31,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
 use support::{kubectl_ok, TestNamespace};
 
-/// The operator measured: a release build, as the image ships (a debug
-/// build spends several times the CPU on JSON, and on two cores that CPU
-/// is the API server's). `AGENTS_SCALE_BIN` names another binary.
+/// The operator measured: the release build the image ships.
 fn operator_bin() -> String {
-    if let Ok(bin) = std::env::var("AGENTS_SCALE_BIN") {
-        return bin;
-    }
-    let root = support::repo_root();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = std::process::Command::new(cargo)
-        .args(["build", "--release", "--bin", "agents"])
-        .current_dir(root)
-        .status()
-        .expect("cargo build --release");
-    assert!(built.success(), "cargo build --release --bin agents failed");
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
-    target.join("release/agents").display().to_string()
+    support::release_agents_bin()
 }
 
 fn sessions_yaml(from: usize, to: usize) -> String {

@@ -14,7 +14,6 @@ use support::http::{Request, Response, Server};
 use support::launcher::Operator;
 use support::TestNamespace;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agents");
 /// The status may take at most this, however long the session.
 const STATUS_MOST: usize = 64 * 1024;
 
@@ -156,7 +155,10 @@ async fn a_thousand_turns_keep_the_status_small_and_storage_linear() {
     let ns = TestNamespace::create(&client, "long").await;
     let (server, seen) = model_and_tool(turns + 1);
     let kubeconfig = support::kubeconfig_path().unwrap();
-    let op = Operator::start(BIN, &ns.name, &kubeconfig, &["-n", &ns.name], &[]);
+    // The release build the image ships: a long conversation is mostly
+    // JSON and gzip, several times slower in a debug build.
+    let bin = support::release_agents_bin();
+    let op = Operator::start(&bin, &ns.name, &kubeconfig, &["-n", &ns.name], &[]);
     support::apply(&ns.name, &manifests(server.port));
     let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
     let started = Instant::now();

@@ -268,6 +268,36 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The release `agents` binary the image ships, for tests that measure the
+/// operator or run it long (a debug build spends several times the CPU on
+/// JSON, and on two cores that CPU is the API server's). It is what
+/// `tests/cluster/agents-image --no-import` builds: incremental, a no-op
+/// when it is fresh, and already built by `make test` before any test
+/// runs. `AGENTS_SCALE_BIN` names another binary.
+#[allow(dead_code)]
+pub fn release_agents_bin() -> String {
+    if let Ok(bin) = std::env::var("AGENTS_SCALE_BIN") {
+        return bin;
+    }
+    let built = std::process::Command::new(repo_root().join("tests/cluster/agents-image"))
+        .arg("--no-import")
+        .current_dir(repo_root())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("tests/cluster/agents-image runs");
+    assert!(
+        built.success(),
+        "tests/cluster/agents-image --no-import failed"
+    );
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target"));
+    target
+        .join("x86_64-unknown-linux-gnu/release/agents")
+        .display()
+        .to_string()
+}
+
 /// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
 pub fn crds_from_repo() -> Vec<(String, CustomResourceDefinition)> {
     let dir = repo_root().join("crds");
