@@ -109,8 +109,9 @@ fn lane_svg(lane: &Lane, row: i64, t0: i64, t1: i64) -> String {
         escape(&super::html::clip(&lane.label, 24))
     );
     for span in &lane.spans {
-        let x = x_of(span.from, t0, t1);
-        let w = (x_of(span.to, t0, t1) - x).max(2);
+        // An instant (a result) is a thin mark, kept inside the chart.
+        let w = (x_of(span.to, t0, t1) - x_of(span.from, t0, t1)).max(4);
+        let x = x_of(span.from, t0, t1).min(WIDTH - w);
         let _ = write!(
             s,
             "<rect class=\"{}\" x=\"{x}\" y=\"{}\" width=\"{w}\" height=\"{}\" fill=\"{}\"><title>{}: {} {}</title></rect>",
@@ -191,7 +192,7 @@ mod tests {
         );
         // An instant still shows.
         assert!(
-            svg.contains("class=\"Completed\" x=\"900\" y=\"49\" width=\"2\""),
+            svg.contains("class=\"Completed\" x=\"896\" y=\"49\" width=\"4\""),
             "{svg}"
         );
         assert!(svg.contains(">10.0s</text>"), "{svg}");

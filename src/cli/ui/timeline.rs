@@ -207,9 +207,12 @@ fn call_row(
         .get(&format!("TakeResult/{}", base.id))
         .copied()
         .or(fact.completed.as_ref().map(|(t, _)| *t));
-    let deferred = fact
-        .created
-        .or_else(|| events.get(&format!("Defer/{}", base.id)).copied());
+    // The Event's time is to the microsecond; a creationTimestamp only to
+    // the second, and may read as before the model's reply.
+    let deferred = events
+        .get(&format!("Defer/{}", base.id))
+        .copied()
+        .or(fact.created);
     CallRow {
         state,
         disposition,
