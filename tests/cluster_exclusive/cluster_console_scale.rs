@@ -43,7 +43,7 @@ struct Console(Child, u16);
 impl Console {
     fn start(ns: &str) -> Console {
         let port = support::launcher::free_port();
-        let child = Command::new(BIN)
+        let mut child = Command::new(BIN)
             .args(["ui", "--addr", &format!("127.0.0.1:{port}"), "-n", ns])
             .env("KUBECONFIG", support::kubeconfig_path().unwrap())
             .stdout(Stdio::null())
@@ -56,6 +56,8 @@ impl Console {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("agents ui did not listen on {port}");
     }
 }
