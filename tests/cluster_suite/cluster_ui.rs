@@ -338,31 +338,7 @@ async fn the_console_pages_sessions_shows_a_timeline_and_answers_a_task_on_the_p
         &["-n", &ns.name, &allowed],
         &[],
     );
-    support::apply(&ns.name, &asking_agent(&server.url()));
-    support::apply(
-        &ns.name,
-        &HOSTILE.replace("NAME", "ask").replace("AGENT", "asker"),
-    );
-    support::apply(&ns.name, QUORUM);
-    for i in 0..3 {
-        let name = format!("idle-{i}");
-        support::apply(
-            &ns.name,
-            &HOSTILE.replace("NAME", &name).replace("AGENT", "absent"),
-        );
-    }
-    wait_jsonpath(
-        &ns.name,
-        "continuation/vote-t1-c0",
-        "{.status.waitingFor}",
-        "approval",
-    );
-    wait_jsonpath(
-        &ns.name,
-        "session/ask",
-        "{.status.state.open.calls[0].taskAsks}",
-        "ship it?",
-    );
+    apply_console_sessions(&ns.name, &server.url());
 
     let page = Page::start(&admin, &ns.name);
     let http = reqwest::Client::builder()
@@ -374,72 +350,7 @@ async fn the_console_pages_sessions_shows_a_timeline_and_answers_a_task_on_the_p
     let shots = Screenshots::new(&ns.name);
     shots.take(&page.url, &ns.name, "before");
 
-    // The MCP task's question, answered on the page.
-    let (_, _, call) = get(
-        &http,
-        &page.url,
-        &format!("/call?ns={}&token=ask-t1-c0", ns.name),
-    )
-    .await;
-    assert!(
-        call.contains("<pre id=asks>") && call.contains("ship it?"),
-        "{call}"
-    );
-    let form = [
-        ("csrf", hidden(&call, "csrf")),
-        ("ns", ns.name.clone()),
-        ("token", "ask-t1-c0".to_string()),
-        ("action", "answer".to_string()),
-        ("answers", "not json".to_string()),
-    ];
-    let bad = http
-        .post(format!("{}decide", page.url))
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    let said = bad.text().await.unwrap();
-    assert!(
-        said.contains("the answers are not JSON"),
-        "the CLI's check, on the page: {said}"
-    );
-    let mut form = form;
-    form[4].1 = r#"{"q1": {"action": "accept", "content": {"ok": true}}}"#.into();
-    let done = http
-        .post(format!("{}decide", page.url))
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        done.status().as_u16(),
-        303,
-        "{}",
-        done.text().await.unwrap()
-    );
-    kubectl_ok([
-        "wait",
-        "-n",
-        &ns.name,
-        "--for=condition=Succeeded",
-        "session/ask",
-        "--timeout=60s",
-    ]);
-    let by = kubectl_ok([
-        "get",
-        "continuation",
-        "ask-t1-c0",
-        "-n",
-        &ns.name,
-        "-o",
-        "jsonpath={.status.answers.by}",
-    ]);
-    assert_eq!(
-        by.trim(),
-        "kubernetes-admin",
-        "signed with the page user's name"
-    );
-
+    answer_the_task_on_the_page(&http, &page.url, &ns.name).await;
     check_session_page(&http, &page.url, &ns.name).await;
     shots.take(&page.url, &ns.name, "after");
     shots.publish();
@@ -597,4 +508,99 @@ impl Screenshots {
             std::fs::copy(&path, Path::new(&to).join(path.file_name().unwrap())).unwrap();
         }
     }
+}
+
+/// The sessions the console test looks at: one whose MCP task asks a
+/// person (its message hostile), one waiting for two approvals, and three
+/// whose Agent does not exist; returns once the two wait.
+fn apply_console_sessions(ns: &str, url: &str) {
+    support::apply(ns, &asking_agent(url));
+    support::apply(
+        ns,
+        &HOSTILE.replace("NAME", "ask").replace("AGENT", "asker"),
+    );
+    support::apply(ns, QUORUM);
+    for i in 0..3 {
+        let name = format!("idle-{i}");
+        support::apply(
+            ns,
+            &HOSTILE.replace("NAME", &name).replace("AGENT", "absent"),
+        );
+    }
+    wait_jsonpath(
+        ns,
+        "continuation/vote-t1-c0",
+        "{.status.waitingFor}",
+        "approval",
+    );
+    wait_jsonpath(
+        ns,
+        "session/ask",
+        "{.status.state.open.calls[0].taskAsks}",
+        "ship it?",
+    );
+}
+
+/// The MCP task's question, answered on the page: malformed answers get
+/// the CLI's own refusal; good ones move the session to its end.
+async fn answer_the_task_on_the_page(http: &reqwest::Client, base: &str, ns: &str) {
+    let (_, _, call) = get(http, base, &format!("/call?ns={}&token=ask-t1-c0", ns)).await;
+    assert!(
+        call.contains("<pre id=asks>") && call.contains("ship it?"),
+        "{call}"
+    );
+    let form = [
+        ("csrf", hidden(&call, "csrf")),
+        ("ns", ns.to_string()),
+        ("token", "ask-t1-c0".to_string()),
+        ("action", "answer".to_string()),
+        ("answers", "not json".to_string()),
+    ];
+    let bad = http
+        .post(format!("{}decide", base))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    let said = bad.text().await.unwrap();
+    assert!(
+        said.contains("the answers are not JSON"),
+        "the CLI's check, on the page: {said}"
+    );
+    let mut form = form;
+    form[4].1 = r#"{"q1": {"action": "accept", "content": {"ok": true}}}"#.into();
+    let done = http
+        .post(format!("{}decide", base))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        done.status().as_u16(),
+        303,
+        "{}",
+        done.text().await.unwrap()
+    );
+    kubectl_ok([
+        "wait",
+        "-n",
+        ns,
+        "--for=condition=Succeeded",
+        "session/ask",
+        "--timeout=60s",
+    ]);
+    let by = kubectl_ok([
+        "get",
+        "continuation",
+        "ask-t1-c0",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.answers.by}",
+    ]);
+    assert_eq!(
+        by.trim(),
+        "kubernetes-admin",
+        "signed with the page user's name"
+    );
 }

@@ -480,4 +480,26 @@ mod tests {
             .unwrap_err()
             .contains("team-b only"));
     }
+
+    #[test]
+    fn hostile_text_in_the_timeline_shows_as_text() {
+        let entries = vec![
+            Entry::User("<script>alert(1)</script>".into()),
+            Entry::Agent {
+                turn: 1,
+                text: Some("<img src=x onerror=alert(1)>".into()),
+                at: None,
+                calls: vec![],
+            },
+        ];
+        let html = render_timeline(&entries, "ns");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{html}"
+        );
+        assert!(
+            !html.contains("<script") && !html.contains("<img"),
+            "{html}"
+        );
+    }
 }

@@ -254,9 +254,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_closed_turn_shows_each_call_with_who_and_how_long() {
-        let turns = vec![
+    /// A call run in the step, a denied one, then the answer.
+    fn closed_turns() -> Vec<Turn> {
+        vec![
             Turn::User(UserTurn {
                 message: Some("hi".into()),
                 tool_results: vec![],
@@ -283,7 +283,10 @@ mod tests {
                 text: Some("done".into()),
                 ..Default::default()
             }),
-        ];
+        ]
+    }
+
+    fn denied_by_alice() -> BTreeMap<String, ContinuationFacts> {
         let mut facts = BTreeMap::new();
         facts.insert(
             "t1-c1".to_string(),
@@ -297,6 +300,12 @@ mod tests {
                 job: None,
             },
         );
+        facts
+    }
+
+    #[test]
+    fn a_closed_turn_shows_each_call_with_who_and_how_long() {
+        let (turns, facts) = (closed_turns(), denied_by_alice());
         let events: EventTimes = [
             ("CallModel/t1".to_string(), 1_000),
             ("TakeResult/t1-c0".to_string(), 1_200),
