@@ -12,7 +12,7 @@ const MAX_FORM_BYTES: usize = 256 * 1024;
 
 /// The console's policy: nothing from elsewhere, no script at all (the
 /// pages use none), styles only from the page itself, forms only to it.
-pub const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+pub const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 pub type Page = Response<Full<Bytes>>;
 

@@ -1,5 +1,5 @@
-//! `/sessions`: every session the user may list, newest API order,
-//! paged through the API's `limit`/`continue`.
+//! `/sessions`: every session the user may list, in the API's order (by
+//! namespace and name), paged through the API's `limit`/`continue`.
 //!
 //! Filters: the namespace and a label selector go to the API server; the
 //! agent, phase and waitingFor are matched here on each page (see
