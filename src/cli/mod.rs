@@ -56,8 +56,9 @@ pub enum Command {
     /// Run the operator: reconcile Sessions in the cluster of the current
     /// kubeconfig context (or the pod's service account) until SIGTERM.
     Operator(Box<OperatorArgs>),
-    /// Serve the approvals page on loopback: the calls waiting for people,
-    /// decided with your own kubeconfig (`kubectl agents ui`).
+    /// Serve the console on loopback: sessions, their timelines, and the
+    /// calls waiting for people, acted on with your own kubeconfig
+    /// (`kubectl agents ui`).
     Ui(ui::UiArgs),
     /// Inside a tool Job's container: run the tool's command with the call
     /// envelope on stdin and report its result (used by the Job runner).

@@ -465,15 +465,23 @@ async fn open_continuation(
 )> {
     let store = open(sel).await?;
     let token = ContinuationToken(token.to_string());
-    let record = match store.continuation(&token).await? {
-        Some(r) => r,
+    let record = find_continuation(store.as_ref(), &token).await?;
+    Ok((store, token, record))
+}
+
+/// The continuation behind `token`, or an error saying the token is unknown.
+async fn find_continuation(
+    store: &dyn AdminPort,
+    token: &ContinuationToken,
+) -> anyhow::Result<crate::store::ContinuationRecord> {
+    match store.continuation(token).await? {
+        Some(r) => Ok(r),
         None if store.operator_driven() => bail!(
             "no continuation with token {token} {}; `agents session pending SESSION --store kube` (or `kubectl get continuations`) lists the open ones",
             store.place()
         ),
-        None => return Err(StoreError::UnknownToken(token.clone()).into()),
-    };
-    Ok((store, token, record))
+        None => Err(StoreError::UnknownToken(token.clone()).into()),
+    }
 }
 
 /// After an approval under a quorum: how many approvals the call has and
@@ -562,28 +570,11 @@ pub async fn answer(
     by: Option<&str>,
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
-    let parsed: serde_json::Value = serde_json::from_str(answers).map_err(|e| {
-        anyhow::anyhow!("the answers are not JSON ({e}); give an inputResponses object, e.g. '{{\"q1\": {{\"action\": \"accept\", \"content\": {{\"ok\": true}}}}}}'")
-    })?;
-    if !parsed.is_object() || parsed.as_object().is_some_and(|o| o.is_empty()) {
-        bail!("the answers must be a JSON object with one entry per key the task asks under (see `agents session show`)");
-    }
-    let compact = parsed.to_string();
-    if compact.len() > MAX_ANSWERS_BYTES {
-        bail!(
-            "the answers hold {} bytes; at most {MAX_ANSWERS_BYTES} are taken",
-            compact.len()
-        );
-    }
-    let (store, token, record) = open_continuation(sel, token).await?;
-    if record.spec.waiting_for != WaitingFor::McpTask {
-        bail!("{token} does not wait on an MCP task; answers go to a task that asks for input (its call waits for mcpTask)");
-    }
-    if record.is_completed() {
-        bail!("{token} is already completed; its task needs no more input");
-    }
+    let compact = compact_answers(answers)?;
+    let store = open(sel).await?;
     let by = &signer(&store, by).await?;
-    store.answer_task(&token, &compact, by, now()).await?;
+    let token = ContinuationToken(token.to_string());
+    let record = record_answers(store.as_ref(), &token, &compact, by).await?;
     let next = if store.operator_driven() {
         "the operator hands them to the MCP server at its next poll".to_string()
     } else {
@@ -597,6 +588,46 @@ pub async fn answer(
         record.spec.tool_call.name
     ));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The answers to an MCP task's request for input, checked and made
+/// compact: a non-empty JSON object within the size the CRD takes. Shared
+/// by `agents session answer` and the console (`agents ui`).
+pub fn compact_answers(answers: &str) -> anyhow::Result<String> {
+    let parsed: serde_json::Value = serde_json::from_str(answers).map_err(|e| {
+        anyhow::anyhow!("the answers are not JSON ({e}); give an inputResponses object, e.g. '{{\"q1\": {{\"action\": \"accept\", \"content\": {{\"ok\": true}}}}}}'")
+    })?;
+    if !parsed.is_object() || parsed.as_object().is_some_and(|o| o.is_empty()) {
+        bail!("the answers must be a JSON object with one entry per key the task asks under (see `agents session show`)");
+    }
+    let compact = parsed.to_string();
+    if compact.len() > MAX_ANSWERS_BYTES {
+        bail!(
+            "the answers hold {} bytes; at most {MAX_ANSWERS_BYTES} are taken",
+            compact.len()
+        );
+    }
+    Ok(compact)
+}
+
+/// Records `compact` answers (see [`compact_answers`]) to the MCP task of
+/// the open call `token`, signed `by`: the one path by which the CLI and
+/// the console answer. Returns the continuation as it was before.
+pub async fn record_answers(
+    store: &dyn AdminPort,
+    token: &ContinuationToken,
+    compact: &str,
+    by: &str,
+) -> anyhow::Result<crate::store::ContinuationRecord> {
+    let record = find_continuation(store, token).await?;
+    if record.spec.waiting_for != WaitingFor::McpTask {
+        bail!("{token} does not wait on an MCP task; answers go to a task that asks for input (its call waits for mcpTask)");
+    }
+    if record.is_completed() {
+        bail!("{token} is already completed; its task needs no more input");
+    }
+    store.answer_task(token, compact, by, now()).await?;
+    Ok(record)
 }
 
 async fn print_next_step(

@@ -1,7 +1,8 @@
 //! Cluster tests that need the test cluster to themselves: they kill or
 //! pause its components (chaos), load it with a thousand sessions (burst,
 //! scale), read the API server's and etcd's own counters (killloop, scale,
-//! writes: every request in the cluster counts),
+//! writes: every request in the cluster counts), list 10,000 sessions
+//! (console_scale),
 //! or install the chart with an operator that watches every namespace
 //! (helm). Each module is one former `tests/cluster_*.rs` file; before the
 //! files were merged, cargo ran one test binary at a time, so no two of
@@ -17,6 +18,7 @@ mod support;
 
 mod cluster_burst;
 mod cluster_chaos;
+mod cluster_console_scale;
 mod cluster_helm;
 mod cluster_killloop;
 mod cluster_scale;
