@@ -301,6 +301,86 @@ fn etcd_compact_and_defrag() {
     etcdctl(&["defrag"]);
 }
 
+/// Keys and value bytes etcd holds under `prefix` (each value as stored:
+/// JSON for custom resources, protobuf for built-in kinds).
+fn etcd_bytes_under(prefix: &str) -> (usize, usize) {
+    let out = etcdctl(&["get", prefix, "--prefix", "-w", "json"]);
+    let got: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let kvs = got["kvs"].as_array().cloned().unwrap_or_default();
+    let bytes = kvs
+        .iter()
+        .filter_map(|kv| kv["value"].as_str())
+        // base64: four characters for three bytes
+        .map(|v| v.len() / 4 * 3 - v.matches('=').count())
+        .sum();
+    (kvs.len(), bytes)
+}
+
+/// What finished flow sessions cost etcd, by kind, per session; the bytes
+/// of a status write on the wire; the managedFields of one session.
+fn capture_cost_per_session(
+    ns: &str,
+    sessions: usize,
+    body_before: &str,
+    body_after: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    out.push(format!(
+        "| {sessions} finished sessions in etcd | objects | bytes | bytes per session |"
+    ));
+    out.push("|---|---|---|---|".to_string());
+    let mut total = 0;
+    for (kind, prefix) in [
+        ("Session", format!("/registry/agents-exe.io/sessions/{ns}/")),
+        (
+            "Continuation",
+            format!("/registry/agents-exe.io/continuations/{ns}/"),
+        ),
+        ("ConfigMap (blobs)", format!("/registry/configmaps/{ns}/")),
+        ("Event", format!("/registry/events/{ns}/")),
+    ] {
+        let (objects, bytes) = etcd_bytes_under(&prefix);
+        total += bytes;
+        out.push(format!(
+            "| {kind} | {objects} | {bytes} | {:.0} |",
+            bytes as f64 / sessions as f64
+        ));
+    }
+    out.push(format!(
+        "| all | | {total} | {:.0} |",
+        total as f64 / sessions as f64
+    ));
+    let sum = |m: &str, which: &str| {
+        m.lines()
+            .filter(|l| l.starts_with(&format!("apiserver_request_body_size_bytes_{which}{{")))
+            .filter(|l| l.contains("resource=\"sessions\"") && l.contains("verb=\"patch\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let bytes = sum(body_after, "sum") - sum(body_before, "sum");
+    let patches = sum(body_after, "count") - sum(body_before, "count");
+    let one: serde_json::Value = serde_json::from_str(&kubectl_ok([
+        "get",
+        "session",
+        "s0",
+        "-n",
+        ns,
+        "--show-managed-fields",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let managed = serde_json::to_vec(&one["metadata"]["managedFields"])
+        .unwrap()
+        .len();
+    out.push(format!(
+        "status writes on the wire: {:.0} bytes each ({patches:.0} patches); managedFields of a finished session: {managed} bytes ({} managers)",
+        bytes / patches.max(1.0),
+        one["metadata"]["managedFields"].as_array().map_or(0, |a| a.len())
+    ));
+    out
+}
+
 fn sessions_left(ns: &str) -> usize {
     kubectl_ok(["get", "sessions", "-n", ns, "-o", "name"])
         .lines()
@@ -387,8 +467,10 @@ async fn sessions_at_scale() {
     let mut per_session_kb = 0.0;
     let mut last_requests = None;
     let mut cpu_rows = Vec::new();
-    for size in sizes {
+    let mut first_batch_cost = None;
+    for (batch_index, size) in sizes.into_iter().enumerate() {
         let metrics_before = op.probe("/metrics").1;
+        let api_metrics_before = kubectl_ok(["get", "--raw", "/metrics"]);
         let (s_before, c_before, e_before) = writes_by_resource();
         let requests_before = requests_by_verb();
         let cpu_before = cpu_of(op.pid());
@@ -438,6 +520,16 @@ async fn sessions_at_scale() {
             rss_mib(apiserver_pid())
         );
         last_requests = Some((batch, requests_before, requests_after));
+        if batch_index == 0 {
+            // Measured now, printed after the table: later batches add to etcd.
+            let api_metrics = kubectl_ok(["get", "--raw", "/metrics"]);
+            first_batch_cost = Some(capture_cost_per_session(
+                &ns.name,
+                size,
+                &api_metrics_before,
+                &api_metrics,
+            ));
+        }
         let per = |i: usize| (cpu_after[i] - cpu_before[i]) * 1000.0 / batch as f64;
         cpu_rows.push(format!(
             "| {size} | {:.1} | {:.1} | {:.1} | {:.0} % |",
@@ -447,6 +539,9 @@ async fn sessions_at_scale() {
             100.0 * (cpu_after.iter().sum::<f64>() - cpu_before.iter().sum::<f64>())
                 / (took * cores.max(1) as f64)
         ));
+    }
+    for line in first_batch_cost.unwrap_or_default() {
+        println!("{line}");
     }
     println!("| sessions | operator CPU ms/session | kube-apiserver CPU ms/session | etcd CPU ms/session | of the machine's CPU |");
     println!("|---|---|---|---|---|");
