@@ -37,3 +37,15 @@ BUSYBOX_IMAGE=agents.local/busybox:ci
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+# detached <cmd...>: execs cmd in a session of its own, holding no file
+# descriptor of its caller above 2: a lock the caller holds (flock) must
+# not live on in a daemon that outlives it.
+detached() {
+	local fd
+	for fd in /proc/self/fd/*; do
+		fd=${fd##*/}
+		if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
+	done
+	exec setsid "$@"
+}
