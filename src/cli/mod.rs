@@ -158,6 +158,10 @@ pub struct OperatorArgs {
     /// else given as query parameters). Default: the CLI command.
     #[arg(long, env = "AGENTS_APPROVALS_PAGE_URL", value_name = "URL")]
     pub approvals_page_url: Option<String>,
+    /// The deepest a tree of sub-agent sessions may grow (the root is
+    /// depth 0), whatever an Agent's `spec.maxDepth` says.
+    #[arg(long, env = "AGENTS_MAX_SUB_AGENT_DEPTH", default_value_t = 8)]
+    pub max_sub_agent_depth: u32,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
     #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]

@@ -165,6 +165,7 @@ async fn check(
         limits: None,
         retry: None,
         ttl_seconds_after_finished: None,
+        parent: None,
     };
     let definition = crate::agent::Definition {
         session: "agent-check".into(),

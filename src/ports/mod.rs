@@ -186,6 +186,9 @@ pub enum RunKind<'a> {
     Background,
     /// `runIsolated`: a Job in a cluster, a process standalone.
     Isolated(&'a IsolationSpec),
+    /// A child Session (an `agent` tool): created if absent, adopted when
+    /// this session owns it; finished when the child ends.
+    SubAgent(&'a crate::core::session::subagent::ChildPlan),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -238,6 +241,7 @@ pub trait RunnerPort: Send + Sync {
         match kind {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "isolated",
+            RunKind::SubAgent(_) => "subAgent",
         }
     }
 }

@@ -1,0 +1,185 @@
+//! Sub-agent calls in the operator: each call's child is a Session of the
+//! same namespace, made once (create if absent, adopt when this session
+//! owns it by UID) after the call's claim is committed, and its final
+//! answer is the call's result.
+//!
+//! A child changing wakes its parent: the controller watches Sessions that
+//! carry the parent label, through their ownerReference (see `run.rs`).
+
+use crate::api::session::{AgentRef, ParentRef, SessionPhase};
+use crate::api::{Session, SessionSpec};
+use crate::core::session::subagent::ChildPlan;
+use crate::core::{ContinuationToken, ToolResult};
+use crate::ports::RunStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::collections::BTreeMap;
+use tracing::{info, warn};
+
+/// The label naming a child's parent Session.
+pub const LABEL_PARENT: &str = "agents-exe.io/parent";
+/// The label naming the root Session of a child's tree.
+pub const LABEL_ROOT: &str = "agents-exe.io/root";
+
+/// The children of one session, as one reconcile makes and reads them.
+pub struct Children {
+    pub client: Client,
+    pub namespace: String,
+    pub parent: String,
+    pub parent_uid: String,
+    /// A paused parent makes its children paused.
+    pub paused: bool,
+}
+
+impl Children {
+    fn api(&self) -> Api<Session> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The child of `plan`: made if absent, then its outcome if it ended.
+    pub async fn start(&self, plan: &ChildPlan) -> RunStatus {
+        match self.api().get_opt(&plan.name).await {
+            Ok(Some(child)) => self.outcome(plan, &child),
+            Ok(None) => self.create(plan).await,
+            // Transient: the next step looks again.
+            Err(e) => {
+                warn!(child = %plan.name, error = %e, "reading a sub-agent session failed");
+                RunStatus::InFlight
+            }
+        }
+    }
+
+    /// The child's outcome if it ended; never makes one.
+    pub async fn collect(&self, plan: &ChildPlan) -> RunStatus {
+        match self.api().get_opt(&plan.name).await {
+            Ok(Some(child)) => self.outcome(plan, &child),
+            Ok(None) | Err(_) => RunStatus::InFlight,
+        }
+    }
+
+    /// Stops the call's child (a timeout ended the call first); a finished
+    /// child is left to its retention.
+    pub async fn release(&self, token: &ContinuationToken) {
+        let api = self.api();
+        let Ok(Some(child)) = api.get_opt(token.as_str()).await else {
+            return;
+        };
+        if !owned_by(&child, &self.parent_uid) || is_final(&child) {
+            return;
+        }
+        info!(child = %token, "the call ended first; its sub-agent session is deleted");
+        let _ = api
+            .delete(token.as_str(), &DeleteParams::foreground())
+            .await;
+    }
+
+    async fn create(&self, plan: &ChildPlan) -> RunStatus {
+        let child = self.child_object(plan);
+        match self.api().create(&PostParams::default(), &child).await {
+            Ok(made) => {
+                info!(parent = %self.parent, child = %plan.name, agent = %plan.agent, depth = plan.depth, "sub-agent session created");
+                self.outcome(plan, &made)
+            }
+            // Made by an earlier step that lost its reply: adopt it.
+            Err(kube::Error::Api(e)) if e.code == 409 => RunStatus::InFlight,
+            Err(kube::Error::Api(e)) if e.code == 422 || e.code == 400 => {
+                RunStatus::Finished(ToolResult::error(format!(
+                    "the sub-agent session {} for agent {:?} was refused by the API server: {}",
+                    plan.name, plan.agent, e.message
+                )))
+            }
+            Err(e) => {
+                warn!(child = %plan.name, error = %e, "creating a sub-agent session failed");
+                RunStatus::InFlight
+            }
+        }
+    }
+
+    fn child_object(&self, plan: &ChildPlan) -> Session {
+        let root = plan
+            .stack
+            .first()
+            .map_or(self.parent.clone(), |e| e.session.clone());
+        let labels = BTreeMap::from([
+            (LABEL_PARENT.to_string(), self.parent.clone()),
+            (LABEL_ROOT.to_string(), root),
+        ]);
+        let owner = OwnerReference {
+            api_version: Session::api_version(&()).into_owned(),
+            kind: Session::kind(&()).into_owned(),
+            name: self.parent.clone(),
+            uid: self.parent_uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let spec = SessionSpec {
+            agent_ref: Some(AgentRef {
+                name: plan.agent.clone(),
+            }),
+            agent: None,
+            messages: vec![plan.prompt.clone()],
+            paused: self.paused,
+            limits: None,
+            retry: None,
+            ttl_seconds_after_finished: None,
+            parent: Some(ParentRef {
+                name: self.parent.clone(),
+                uid: self.parent_uid.clone(),
+                call_id: plan.call_id.to_string(),
+                depth: plan.depth,
+                stack: plan.stack.clone(),
+                deadline_ms: plan.deadline.map(|d| d.0),
+            }),
+        };
+        Session {
+            metadata: ObjectMeta {
+                name: Some(plan.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(labels),
+                owner_references: Some(vec![owner]),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+        }
+    }
+
+    fn outcome(&self, plan: &ChildPlan, child: &Session) -> RunStatus {
+        if !owned_by(child, &self.parent_uid) {
+            return RunStatus::Finished(ToolResult::error(format!(
+                "a Session named {} exists and is not this call's child (its owner is not session {}); delete or rename it",
+                plan.name, self.parent
+            )));
+        }
+        let status = child.status.as_ref();
+        match status.map(|s| s.phase) {
+            Some(SessionPhase::Succeeded) => RunStatus::Finished(ToolResult::text(
+                status.and_then(|s| s.answer.clone()).unwrap_or_default(),
+            )),
+            Some(SessionPhase::Failed) => RunStatus::Finished(ToolResult::error(format!(
+                "the sub-agent {} (session {}) failed: {}",
+                plan.agent,
+                plan.name,
+                status
+                    .and_then(|s| s.failure.clone())
+                    .unwrap_or_else(|| "no reason given".into())
+            ))),
+            _ => RunStatus::InFlight,
+        }
+    }
+}
+
+fn owned_by(child: &Session, uid: &str) -> bool {
+    child
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+fn is_final(child: &Session) -> bool {
+    matches!(
+        child.status.as_ref().map(|s| s.phase),
+        Some(SessionPhase::Succeeded | SessionPhase::Failed)
+    )
+}
