@@ -91,3 +91,52 @@ pub fn apply(config: &mut SessionConfig, agent: &AgentSpec, parent: Option<&Pare
         config.limits.deadline = Some(config.limits.deadline.map_or(d, |own| own.min(d)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(yaml: &str) -> ToolSpec {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn an_agent_tool_takes_a_prompt_and_its_declared_parameters() {
+        let t = tool("name: researcher\nagent: {ref: researcher}\nparameters: {type: object, properties: {detail: {type: string}}}\n");
+        let def = tool_def(&t);
+        assert_eq!(def.name, "researcher");
+        assert!(
+            def.description.contains("researcher agent"),
+            "{}",
+            def.description
+        );
+        let p = def.parameters.unwrap();
+        assert_eq!(p["properties"]["prompt"]["type"], "string");
+        assert_eq!(p["properties"]["detail"]["type"], "string");
+        assert_eq!(p["required"], json!(["prompt"]));
+    }
+
+    #[test]
+    fn lineage_comes_from_spec_parent_and_the_cap_bounds_max_depth() {
+        let agent: AgentSpec =
+            serde_norway::from_str("model: {provider: scripted}\nmaxDepth: 9\n").unwrap();
+        let parent = ParentRef {
+            name: "root".into(),
+            uid: "u".into(),
+            call_id: "t1-c0".into(),
+            depth: 1,
+            stack: Vec::new(),
+            deadline_ms: Some(5_000),
+        };
+        let l = lineage(&agent, Some(&parent), 6);
+        assert_eq!((l.depth, l.max_depth, l.max_children), (1, 6, 8));
+        let mut config = SessionConfig::default();
+        config.limits.deadline = Some(Millis(9_000));
+        apply(&mut config, &agent, Some(&parent), 6);
+        assert_eq!(
+            config.limits.deadline,
+            Some(Millis(5_000)),
+            "the parent's comes first"
+        );
+    }
+}
