@@ -222,7 +222,7 @@ impl RunnerPort for SessionRunner {
                 );
                 Box::pin(async move { status })
             }
-            RunKind::SubAgent(child) => Box::pin(self.children.start(child)),
+            RunKind::SubAgent(child) => Box::pin(self.children.start(child, &envelope.token)),
             RunKind::Isolated(spec) => match &self.jobs {
                 Some(jobs) => jobs.start(kind, envelope, attempt, timeout),
                 // Without a Job runner the roles exclude isolated runs;

@@ -7,12 +7,13 @@
 //! carry the parent label, through their ownerReference (see `run.rs`).
 
 use crate::api::session::{AgentRef, ParentRef, SessionPhase};
+use crate::api::Continuation;
 use crate::api::{Session, SessionSpec};
 use crate::core::session::subagent::ChildPlan;
 use crate::core::{ContinuationToken, ToolResult};
 use crate::ports::RunStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::BTreeMap;
 use tracing::{info, warn};
@@ -21,6 +22,9 @@ use tracing::{info, warn};
 pub const LABEL_PARENT: &str = "agents-exe.io/parent";
 /// The label naming the root Session of a child's tree.
 pub const LABEL_ROOT: &str = "agents-exe.io/root";
+/// On the call's Continuation: `<name>/<uid>` of the child made for its
+/// latest attempt, so a child deleted by hand is told from one not made yet.
+pub const ANNOTATION_CHILD: &str = "agents-exe.io/child-uid";
 
 /// The children of one session, as one reconcile makes and reads them.
 pub struct Children {
@@ -37,11 +41,18 @@ impl Children {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// The child of `plan`: made if absent, then its outcome if it ended.
-    pub async fn start(&self, plan: &ChildPlan) -> RunStatus {
+    /// The child of `plan` (the call under `token`): made if absent, then
+    /// its outcome if it ended.
+    pub async fn start(&self, plan: &ChildPlan, token: &ContinuationToken) -> RunStatus {
         match self.api().get_opt(&plan.name).await {
             Ok(Some(child)) => self.outcome(plan, &child),
-            Ok(None) => self.create(plan).await,
+            Ok(None) => match self.made_before(token, &plan.name).await {
+                Some(uid) => RunStatus::Finished(ToolResult::error(format!(
+                    "the sub-agent session {} (agent {}, uid {uid}) was deleted before it answered; call the agent again if its answer is still needed",
+                    plan.name, plan.agent
+                ))),
+                None => self.create(plan, token).await,
+            },
             // Transient: the next step looks again.
             Err(e) => {
                 warn!(child = %plan.name, error = %e, "reading a sub-agent session failed");
@@ -74,11 +85,40 @@ impl Children {
             .await;
     }
 
-    async fn create(&self, plan: &ChildPlan) -> RunStatus {
+    /// The UID of the child `name` made for the call, as its Continuation
+    /// keeps it (a retry's new child has another name).
+    async fn made_before(&self, token: &ContinuationToken, name: &str) -> Option<String> {
+        let api: Api<Continuation> = Api::namespaced(self.client.clone(), &self.namespace);
+        let c = api.get_opt(token.as_str()).await.ok()??;
+        let noted = c.annotations().get(ANNOTATION_CHILD)?;
+        let (made, uid) = noted.split_once('/')?;
+        (made == name).then(|| uid.to_string())
+    }
+
+    /// Notes the child's UID on the call's Continuation (best effort: a
+    /// child made without the note is only re-made if deleted by hand).
+    async fn note_made(&self, token: &ContinuationToken, noted: &str) {
+        let api: Api<Continuation> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_CHILD: noted}}});
+        if let Err(e) = api
+            .patch(
+                token.as_str(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            warn!(token = %token, error = %e, "noting a sub-agent session on its continuation failed");
+        }
+    }
+
+    async fn create(&self, plan: &ChildPlan, token: &ContinuationToken) -> RunStatus {
         let child = self.child_object(plan);
         match self.api().create(&PostParams::default(), &child).await {
             Ok(made) => {
                 info!(parent = %self.parent, child = %plan.name, agent = %plan.agent, depth = plan.depth, "sub-agent session created");
+                let noted = format!("{}/{}", plan.name, made.uid().unwrap_or_default());
+                self.note_made(token, &noted).await;
                 self.outcome(plan, &made)
             }
             // Made by an earlier step that lost its reply: adopt it.

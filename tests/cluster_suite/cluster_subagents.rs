@@ -221,3 +221,56 @@ async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
     );
     ns.delete(&client).await;
 }
+
+/// A child that waits for an outside party forever: deleting it by hand
+/// ends the parent's call with an error result saying so, and the parent
+/// finishes (no wait for ever).
+#[tokio::test]
+async fn a_child_deleted_by_hand_is_an_error_result_not_a_wait_for_ever() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "subagents-deleted").await;
+    let turns: Turns = Arc::default();
+    let server = model(turns.clone());
+    let port = server.port;
+    let yaml = format!(
+        "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: planner}}\nspec:\n  systemPrompt: boss\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n  tools:\n  - name: waits\n    agent: {{ref: waits}}\n  policy:\n    rules: [{{tool: waits, disposition: runSync}}]\n{}",
+        support::fake::WAITING_AGENT.replace("apiVersion", "---\napiVersion")
+    );
+    apply(&ns.name, &yaml);
+    let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
+    let mut op = operator(&ns.name, &kubeconfig);
+    apply(
+        &ns.name,
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
+    );
+    let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    // The boss's fake model asks nothing of "waits" by its script: make it.
+    wait_until(Duration::from_secs(60), "the child waits", || {
+        let api = api.clone();
+        async move {
+            let c = api.get_opt("root-t1-c0").await.ok()??;
+            (c.status?.phase == SessionPhase::Waiting).then_some(())
+        }
+    })
+    .await;
+    support::kubectl_ok(["delete", "session", "root-t1-c0", "-n", &ns.name]);
+    let answer = wait_until(Duration::from_secs(60), "the root finished", || {
+        let api = api.clone();
+        async move {
+            let s = api.get_opt("root").await.ok()??;
+            let st = s.status?;
+            (st.phase == SessionPhase::Succeeded).then_some(st.answer.unwrap_or_default())
+        }
+    })
+    .await;
+    let log = op.log_text();
+    op.kill();
+    assert!(
+        answer.contains("was deleted before it answered"),
+        "root's answer: {answer}\n{log}"
+    );
+    ns.delete(&client).await;
+}
