@@ -839,12 +839,16 @@ async fn record_and_release(
 ) -> Result<(), StoreError> {
     // Known at the step's start: the turn may have closed since. A child
     // ended early (a timeout) is stopped by its release.
-    let isolated = ctx.known_waits.iter().any(|(t, w)| {
-        t == token && matches!(*w, Some(WaitingFor::Isolated | WaitingFor::SubAgent))
-    });
+    let waited = ctx
+        .known_waits
+        .iter()
+        .find(|(t, _)| t == token)
+        .and_then(|(_, w)| *w);
     record_result(p, ctx.sid, token, result, by).await?;
-    if isolated {
-        p.runner.release(token).await;
+    match waited {
+        Some(WaitingFor::Isolated) => p.runner.release(token).await,
+        Some(WaitingFor::SubAgent) => p.runner.release_child(token).await,
+        _ => {}
     }
     Ok(())
 }

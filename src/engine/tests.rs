@@ -1143,6 +1143,7 @@ impl RunnerPort for TaskRunner {
 }
 
 mod spans;
+mod subagents;
 
 /// A runner whose background runs are under way at their first start and
 /// done at the next (`quick`), or never done.

@@ -253,12 +253,14 @@ impl RunnerPort for SessionRunner {
     }
 
     fn release<'a>(&'a self, token: &'a crate::core::ContinuationToken) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(jobs) = &self.jobs {
-                jobs.release(token).await;
-            }
-            self.children.release(token).await;
-        })
+        match &self.jobs {
+            Some(jobs) => jobs.release(token),
+            None => Box::pin(async {}),
+        }
+    }
+
+    fn release_child<'a>(&'a self, token: &'a crate::core::ContinuationToken) -> BoxFuture<'a, ()> {
+        Box::pin(self.children.release(token))
     }
 
     fn label(&self, kind: RunKind<'_>) -> &'static str {

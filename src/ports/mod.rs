@@ -236,6 +236,13 @@ pub trait RunnerPort: Send + Sync {
         Box::pin(async {})
     }
 
+    /// A sub-agent call's result is recorded: its child, if still running
+    /// (the call timed out), is stopped. Runs once at most.
+    fn release_child<'a>(&'a self, token: &'a ContinuationToken) -> BoxFuture<'a, ()> {
+        let _ = token;
+        Box::pin(async {})
+    }
+
     /// How results of this runner are labelled in progress lines.
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
