@@ -22,6 +22,9 @@ use tracing::{info, warn};
 pub const LABEL_PARENT: &str = "agents-exe.io/parent";
 /// The label naming the root Session of a child's tree.
 pub const LABEL_ROOT: &str = "agents-exe.io/root";
+/// On a child the operator paused because its parent was: resuming the
+/// parent resumes it (a child a person paused stays paused).
+pub const ANNOTATION_PAUSED_BY_PARENT: &str = "agents-exe.io/paused-by-parent";
 /// On the call's Continuation: `<name>/<uid>` of the child made for its
 /// latest attempt, so a child deleted by hand is told from one not made yet.
 pub const ANNOTATION_CHILD: &str = "agents-exe.io/child-uid";
@@ -45,7 +48,10 @@ impl Children {
     /// its outcome if it ended.
     pub async fn start(&self, plan: &ChildPlan, token: &ContinuationToken) -> RunStatus {
         match self.api().get_opt(&plan.name).await {
-            Ok(Some(child)) => self.outcome(plan, &child),
+            Ok(Some(child)) => {
+                self.follow_pause(&child).await;
+                self.outcome(plan, &child)
+            }
             Ok(None) => match self.made_before(token, &plan.name).await {
                 Some(uid) => RunStatus::Finished(ToolResult::error(format!(
                     "the sub-agent session {} (agent {}, uid {uid}) was deleted before it answered; call the agent again if its answer is still needed",
@@ -61,11 +67,35 @@ impl Children {
         }
     }
 
-    /// The child's outcome if it ended; never makes one.
+    /// The child's outcome if it ended; never makes one. A paused parent
+    /// collects: its running child is paused too.
     pub async fn collect(&self, plan: &ChildPlan) -> RunStatus {
         match self.api().get_opt(&plan.name).await {
-            Ok(Some(child)) => self.outcome(plan, &child),
+            Ok(Some(child)) => {
+                self.follow_pause(&child).await;
+                self.outcome(plan, &child)
+            }
             Ok(None) | Err(_) => RunStatus::InFlight,
+        }
+    }
+
+    /// Pauses or resumes an owned child that is still running as its
+    /// parent is (a best-effort patch; the next step tries again).
+    async fn follow_pause(&self, child: &Session) {
+        if !owned_by(child, &self.parent_uid) || is_final(child) {
+            return;
+        }
+        let Some(patch) = pause_patch(self.paused, child) else {
+            return;
+        };
+        let name = child.name_any();
+        info!(parent = %self.parent, child = %name, paused = self.paused, "the parent's pause flows down");
+        if let Err(e) = self
+            .api()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(child = %name, error = %e, "pausing or resuming a sub-agent session failed");
         }
     }
 
@@ -222,4 +252,64 @@ fn is_final(child: &Session) -> bool {
         child.status.as_ref().map(|s| s.phase),
         Some(SessionPhase::Succeeded | SessionPhase::Failed)
     )
+}
+
+/// The patch that makes a child follow its parent's pause: pause a running
+/// child (marking it as paused by the parent), resume one the parent paused.
+fn pause_patch(parent_paused: bool, child: &Session) -> Option<serde_json::Value> {
+    let by_parent = child
+        .annotations()
+        .contains_key(ANNOTATION_PAUSED_BY_PARENT);
+    match (parent_paused, child.spec.paused) {
+        (true, false) => Some(serde_json::json!({
+            "metadata": {"annotations": {ANNOTATION_PAUSED_BY_PARENT: "true"}},
+            "spec": {"paused": true},
+        })),
+        (false, true) if by_parent => Some(serde_json::json!({
+            "metadata": {"annotations": {ANNOTATION_PAUSED_BY_PARENT: null}},
+            "spec": {"paused": false},
+        })),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(paused: bool, by_parent: bool) -> Session {
+        let mut s = Session::new(
+            "c",
+            serde_json::from_value(serde_json::json!({"messages": ["x"], "paused": paused}))
+                .unwrap(),
+        );
+        if by_parent {
+            s.annotations_mut()
+                .insert(ANNOTATION_PAUSED_BY_PARENT.into(), "true".into());
+        }
+        s
+    }
+
+    #[test]
+    fn a_pause_flows_down_and_back_but_a_persons_pause_stays() {
+        let p = pause_patch(true, &child(false, false)).expect("pause the child");
+        assert_eq!(p["spec"]["paused"], true);
+        assert_eq!(
+            p["metadata"]["annotations"][ANNOTATION_PAUSED_BY_PARENT],
+            "true"
+        );
+        assert_eq!(
+            pause_patch(true, &child(true, false)),
+            None,
+            "already paused"
+        );
+        let r = pause_patch(false, &child(true, true)).expect("resume the child");
+        assert_eq!(r["spec"]["paused"], false);
+        assert_eq!(
+            pause_patch(false, &child(true, false)),
+            None,
+            "a child a person paused stays paused"
+        );
+        assert_eq!(pause_patch(false, &child(false, false)), None);
+    }
 }
