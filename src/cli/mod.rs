@@ -8,6 +8,7 @@ pub use crate::standalone::out;
 mod run_cmd;
 mod session_cmd;
 mod tool_exec;
+mod tree_cmd;
 mod ui;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -306,6 +307,15 @@ pub enum SessionCommand {
     },
     /// Show a session's conversation and its open calls.
     Show {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Show a session and its sub-agent sessions (`--store kube`): each
+    /// one's phase, the call that made it, its depth and its usage.
+    Tree {
         session: String,
         #[command(flatten)]
         store: StoreArgs,
