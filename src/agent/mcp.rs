@@ -81,9 +81,13 @@ impl RunnableAgent {
             let spec = format!("{:?}", server);
             for tool in &listing.tools {
                 self.check_not_isolated(&tool.name, &listing.server)?;
-                self.config
-                    .tools
-                    .insert(tool.name.clone(), ToolInfo { container: None });
+                self.config.tools.insert(
+                    tool.name.clone(),
+                    ToolInfo {
+                        container: None,
+                        sub_agent: None,
+                    },
+                );
                 // A changed server or schema never reuses cached results.
                 let what = serde_json::json!({"mcp": spec, "schema": tool.input_schema});
                 self.config
@@ -103,6 +107,7 @@ impl RunnableAgent {
         let ctx = policy::PolicyContext {
             session: None,
             tool_container: None,
+            sub_agent: None,
         };
         match self.config.policy.classify(&ctx, &probe).disposition {
             Disposition::RunIsolated { .. } => Err(McpUnready::Isolated {

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 pub mod mcp;
+pub mod subagents;
 
 /// Where a session's named agent (`spec.agentRef`) is found: a YAML file,
 /// the operator's watch of the API server.
@@ -93,7 +94,7 @@ pub async fn definition(
     lookup: &dyn AgentLookup,
     place: &str,
 ) -> Result<Definition, Unresolved> {
-    let (agent_name, agent) = match (&spec.agent, &spec.agent_ref) {
+    let (agent_name, mut agent) = match (&spec.agent, &spec.agent_ref) {
         (Some(inline), None) => (None, inline.clone()),
         (None, Some(r)) => match lookup.agent(&r.name).await {
             Ok(Some(found)) => (Some(r.name.clone()), found),
@@ -118,6 +119,7 @@ pub async fn definition(
             })
         }
     };
+    subagents::describe_agent_tools(&mut agent, lookup).await;
     Ok(Definition {
         session: session.into(),
         agent_name,
@@ -223,7 +225,7 @@ impl Definition {
         created_at: Millis,
         secrets: &dyn SecretSource,
     ) -> Result<RunnableAgent, String> {
-        let config = convert::session_config(
+        let mut config = convert::session_config(
             self.agent_name.as_deref(),
             &self.agent,
             self.spec.limits.as_ref(),
@@ -235,6 +237,12 @@ impl Definition {
             },
         )
         .map_err(|e| e.to_string())?;
+        subagents::apply(
+            &mut config,
+            &self.agent,
+            self.spec.parent.as_ref(),
+            u32::MAX,
+        );
         let timeout = Duration::from_secs(self.agent.model.timeout_seconds().into());
         let model = model_client(&self.agent.model, secrets, timeout)?;
         let field = if self.agent_name.is_some() {
@@ -263,6 +271,9 @@ impl Definition {
 
 /// A tool of the agent spec as the in-step tools run it.
 pub fn tool_def(t: &ToolSpec) -> ToolDef {
+    if t.agent.is_some() {
+        return subagents::tool_def(t);
+    }
     let kind = if let Some(b) = &t.builtin {
         ToolKind::Builtin {
             function: b.function.clone(),

@@ -27,6 +27,11 @@ use super::{conditions_schema, free_form, free_form_object};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSpec {
+    /// What the agent does, in a sentence or two: the description an
+    /// `agent` tool calling this Agent shows the model.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub description: String,
     /// The model that answers the conversation.
     pub model: ModelSpec,
     /// Instructions sent as the system message before the conversation.
@@ -54,6 +59,17 @@ pub struct AgentSpec {
     /// approval, or a `defer` call's outside result): once per waiting call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<NotifySpec>,
+    /// The deepest a tree of sub-agents started by this agent's sessions
+    /// may grow (a root session is depth 0). Default 4; the operator's
+    /// `--max-sub-agent-depth` caps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 64))]
+    pub max_depth: Option<u32>,
+    /// Children (sub-agent sessions) of one session that run at once; the
+    /// other calls wait their turn. Default 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub max_children: Option<u32>,
 }
 
 /// Where calls that wait for a person are announced.
@@ -332,10 +348,10 @@ pub struct ScriptedToolCall {
 }
 
 /// A tool. Give its name and exactly one of `builtin`, `http`,
-/// `container`, `mcp`.
+/// `container`, `mcp`, `agent`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0) + (has(self.container) ? 1 : 0) + (has(self.mcp) ? 1 : 0) == 1").message("a tool needs exactly one of builtin, http, container, mcp"))]
+#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.http) ? 1 : 0) + (has(self.container) ? 1 : 0) + (has(self.mcp) ? 1 : 0) + (has(self.agent) ? 1 : 0) == 1").message("a tool needs exactly one of builtin, http, container, mcp, agent"))]
 pub struct ToolSpec {
     /// Name the model calls the tool by. For an `mcp` entry, the server's
     /// name (for messages and the status); its tools keep their own names.
@@ -362,6 +378,32 @@ pub struct ToolSpec {
     /// `parameters` come from the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<McpServerSpec>,
+    /// Another Agent of the namespace, as a tool: each call runs as a child
+    /// Session of that Agent, whose final answer is the call's result. The
+    /// model calls it with `{"prompt": "..."}` plus any `parameters`
+    /// declared here; `name` may be left empty (the Agent's name) and
+    /// `description` too (the Agent's `spec.description`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentToolRef>,
+}
+
+/// The name the model calls `tool` by: its own, or for an `agent` tool
+/// left unnamed, the Agent's.
+pub fn tool_name(tool: &ToolSpec) -> &str {
+    match &tool.agent {
+        Some(a) if tool.name.is_empty() => &a.agent_ref,
+        _ => &tool.name,
+    }
+}
+
+/// The Agent an `agent` tool calls.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentToolRef {
+    /// Name of an Agent in the same namespace.
+    #[serde(rename = "ref")]
+    #[schemars(length(min = 1, max = 253))]
+    pub agent_ref: String,
 }
 
 /// A Model Context Protocol server. Give `url` (Streamable HTTP), or,
@@ -484,6 +526,9 @@ pub enum DispositionMode {
     RunIsolated,
     /// Wait for an outside party (a person, an external worker).
     Defer,
+    /// Run as a child Session (a call of an `agent` tool). Recorded on
+    /// calls only: a rule cannot choose it.
+    SubAgent,
 }
 
 /// `approval: true`, or an approval policy.

@@ -26,18 +26,30 @@ fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInf
             tool.http.is_some(),
             tool.container.is_some(),
             tool.mcp.is_some(),
+            tool.agent.is_some(),
         ];
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(err(
                 at,
-                "a tool needs exactly one of builtin, http, container, mcp",
+                "a tool needs exactly one of builtin, http, container, mcp, agent",
             ));
         }
-        if !names.insert(tool.name.as_str()) {
+        let name = super::agent::tool_name(tool);
+        if !names.insert(name) {
             return Err(err(
                 format!("{at}.name"),
-                format!("tool name {:?} is used twice", tool.name),
+                format!("tool name {name:?} is used twice"),
             ));
+        }
+        if let Some(agent) = &tool.agent {
+            crate::core::ids::validate_name("agent tool's Agent", &agent.agent_ref)
+                .map_err(|e| err(format!("{at}.agent.ref"), e))?;
+            let info = ToolInfo {
+                container: None,
+                sub_agent: Some(agent.agent_ref.clone()),
+            };
+            tools.insert(name.to_string(), info);
+            continue;
         }
         if let Some(mcp) = &tool.mcp {
             // The server's tools join when it is listed (the agent layer).
@@ -56,7 +68,11 @@ fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInf
             continue;
         }
         let container = tool.container.as_ref().map(isolation_spec);
-        tools.insert(tool.name.clone(), ToolInfo { container });
+        let info = ToolInfo {
+            container,
+            sub_agent: None,
+        };
+        tools.insert(tool.name.clone(), info);
     }
     Ok(tools)
 }
@@ -77,6 +93,7 @@ fn every_isolated_tool_has_a_place(
         let ctx = policy::PolicyContext {
             session: None,
             tool_container: info.container.as_ref(),
+            sub_agent: info.sub_agent.as_deref(),
         };
         let applied = policy.classify(&ctx, &probe);
         if let Disposition::RunIsolated { spec } = &applied.disposition {
@@ -129,7 +146,7 @@ pub fn session_config(
     let tool_fingerprints = agent
         .tools
         .iter()
-        .filter(|t| t.mcp.is_none())
+        .filter(|t| t.mcp.is_none() && t.agent.is_none())
         .map(|t| {
             let what = serde_json::json!({
                 "builtin": t.builtin, "http": t.http, "container": t.container,
@@ -159,6 +176,22 @@ pub fn session_config(
 
 pub fn policy(spec: &PolicySpec, field: &str) -> Result<Policy, ConvertError> {
     check_approvals(spec, field)?;
+    if spec.default == DispositionMode::SubAgent {
+        return Err(err(
+            format!("{field}.default"),
+            "subAgent is the mode of an `agent` tool, not a policy choice; add a tool with `agent: {ref: NAME}` instead",
+        ));
+    }
+    if let Some(i) = spec
+        .rules
+        .iter()
+        .position(|r| r.disposition == DispositionMode::SubAgent)
+    {
+        return Err(err(
+            format!("{field}.rules[{i}].disposition"),
+            "subAgent is the mode of an `agent` tool, not a policy choice; add a tool with `agent: {ref: NAME}` instead",
+        ));
+    }
     let p = Policy {
         default: disposition(spec.default, None, None),
         default_decorators: spec
@@ -198,6 +231,10 @@ fn disposition(
         },
         DispositionMode::Defer => Disposition::Defer {
             reason: reason.unwrap_or(DEFAULT_DEFER_REASON).to_string(),
+        },
+        // Refused in rules by `policy`; an applied one names its agent.
+        DispositionMode::SubAgent => Disposition::SubAgent {
+            agent: String::new(),
         },
     }
 }
@@ -352,11 +389,17 @@ pub fn applied_policy_status(p: &AppliedPolicy) -> AppliedPolicyStatus {
             Some(container_tool(spec)),
         ),
         Disposition::Defer { reason } => (DispositionMode::Defer, Some(reason.clone()), None),
+        Disposition::SubAgent { .. } => (DispositionMode::SubAgent, None, None),
+    };
+    let agent = match &p.disposition {
+        Disposition::SubAgent { agent } => Some(agent.clone()),
+        _ => None,
     };
     AppliedPolicyStatus {
         disposition,
         reason,
         isolation,
+        agent,
         rule: p.rule.map(|r| r as u32),
         decorators: applied_decorators_status(&p.decorators),
     }
@@ -370,6 +413,9 @@ pub fn applied_policy(s: &AppliedPolicyStatus) -> AppliedPolicy {
             },
             DispositionMode::Defer => Disposition::Defer {
                 reason: s.reason.clone().unwrap_or_default(),
+            },
+            DispositionMode::SubAgent => Disposition::SubAgent {
+                agent: s.agent.clone().unwrap_or_default(),
             },
             other => disposition(other, None, None),
         },
@@ -404,6 +450,7 @@ mod tests {
             let ctx = policy::PolicyContext {
                 session: None,
                 tool_container: cfg.tools[name].container.as_ref(),
+                sub_agent: None,
             };
             cfg.policy.classify(&ctx, &call).disposition
         };

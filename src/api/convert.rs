@@ -135,6 +135,7 @@ pub fn core_continuation_spec(
             Disposition::RunAsync => WaitingFor::Background,
             Disposition::RunIsolated { .. } => WaitingFor::Isolated,
             Disposition::RunSync | Disposition::Defer { .. } => WaitingFor::External,
+            Disposition::SubAgent { .. } => WaitingFor::SubAgent,
         },
     };
     Ok(ContinuationSpec {
@@ -152,6 +153,7 @@ pub fn core_continuation_spec(
             agent: c.context.agent.clone(),
             idempotency_key: c.context.idempotency_key.clone(),
             params: c.context.params.clone(),
+            call_stack: Vec::new(),
         },
         cache_key,
         expires_at: status.and_then(|s| s.expires_at.as_ref()).map(millis),

@@ -33,6 +33,7 @@ pub const SESSION_NAME_FITS: &str = "self.metadata.name.size() <= 63";
     printcolumn = r#"{"name":"Turns","type":"integer","jsonPath":".status.agentTurns","description":"Model turns taken"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingCount","description":"Calls waiting on the outside"}"#,
     printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.conditions[?(@.type==\"Waiting\")].reason","description":"What the session waits for"}"#,
+    printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.name","description":"The session whose sub-agent call made this one"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.agentRef) != has(self.agent)").message("set exactly one of spec.agentRef (an Agent's name) and spec.agent (an inline agent)"))]
@@ -71,6 +72,35 @@ pub struct SessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 31_536_000))]
     pub ttl_seconds_after_finished: Option<u64>,
+    /// Set by the operator on a sub-agent's child: the session and call
+    /// that made it. It never changes. The parent takes the answer only of
+    /// a child it owns (its ownerReference), so a hand-written `parent`
+    /// gives a session no parent's result to write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.parent never changes"))]
+    pub parent: Option<ParentRef>,
+}
+
+/// The session and call a child Session was made for.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    /// The parent Session's name (same namespace).
+    pub name: String,
+    /// The parent Session's UID.
+    pub uid: String,
+    /// The parent's call that made this child (`t<turn>-c<index>`).
+    pub call_id: String,
+    /// This session's depth in its tree: the root is 0, its children 1.
+    pub depth: u32,
+    /// The sessions from the root down to the parent: the call stack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub stack: Vec<crate::core::session::subagent::StackEntry>,
+    /// The parent's deadline (milliseconds since the Unix epoch): the
+    /// child must end by then too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
 }
 
 /// The CEL rule on `spec.messages`: the old list is a prefix of the new one.
@@ -222,6 +252,9 @@ pub struct AppliedPolicyStatus {
     /// Where it runs (`runIsolated`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<ContainerTool>,
+    /// The Agent the child Session runs (`subAgent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
     /// Index of the matching rule; absent when the default applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<u32>,

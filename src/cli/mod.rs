@@ -8,6 +8,7 @@ pub use crate::standalone::out;
 mod run_cmd;
 mod session_cmd;
 mod tool_exec;
+mod tree_cmd;
 mod ui;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -159,6 +160,10 @@ pub struct OperatorArgs {
     /// else given as query parameters). Default: the CLI command.
     #[arg(long, env = "AGENTS_APPROVALS_PAGE_URL", value_name = "URL")]
     pub approvals_page_url: Option<String>,
+    /// The deepest a tree of sub-agent sessions may grow (the root is
+    /// depth 0), whatever an Agent's `spec.maxDepth` says.
+    #[arg(long, env = "AGENTS_MAX_SUB_AGENT_DEPTH", default_value_t = 8)]
+    pub max_sub_agent_depth: u32,
     /// Service account of tool pods (give one without permissions; its
     /// token is never mounted).
     #[arg(long, env = "AGENTS_TOOL_SERVICE_ACCOUNT", default_value = "default")]
@@ -303,6 +308,15 @@ pub enum SessionCommand {
     },
     /// Show a session's conversation and its open calls.
     Show {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Show a session and its sub-agent sessions (`--store kube`): each
+    /// one's phase, the call that made it, its depth and its usage.
+    Tree {
         session: String,
         #[command(flatten)]
         store: StoreArgs,

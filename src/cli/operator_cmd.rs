@@ -61,6 +61,7 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         model_allowed_urls,
         notify_webhook_url: args.notify_webhook_url.filter(|u| !u.is_empty()),
         approvals_page_url: args.approvals_page_url.filter(|u| !u.is_empty()),
+        max_sub_agent_depth: args.max_sub_agent_depth,
     }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -44,6 +44,7 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         SessionCommand::List { .. } => {}
         SessionCommand::Show { session, .. }
         | SessionCommand::Pending { session, .. }
+        | SessionCommand::Tree { session, .. }
         | SessionCommand::Pause { session, .. }
         | SessionCommand::Resume { session, .. }
         | SessionCommand::Retry { session, .. }
@@ -74,6 +75,11 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             store,
             output: o,
         } => commands::pending(&session, &sel(&store), output(o)).await,
+        SessionCommand::Tree {
+            session,
+            store,
+            output: o,
+        } => super::tree_cmd::run(&session, &store.store, store.namespace.as_deref(), o).await,
         SessionCommand::Pause { session, store } => commands::pause(&session, &sel(&store)).await,
         SessionCommand::Resume {
             session,

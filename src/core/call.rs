@@ -99,6 +99,8 @@ pub enum WaitingFor {
     /// A task of an MCP server (the `io.modelcontextprotocol/tasks`
     /// extension), polled by the driver until it ends.
     McpTask,
+    /// A child Session (an `agent` tool): its final answer is the result.
+    SubAgent,
 }
 
 /// A task an MCP server made of a `tools/call`: its id, and how often the
@@ -213,6 +215,9 @@ pub enum Wait {
     External,
     Background(Attempt),
     Isolated(Attempt),
+    /// A child Session; the attempt's claim is taken before the child is
+    /// made, and a retry makes a new child.
+    SubAgent(Attempt),
     /// The call's MCP task (its handle is the call's [`TrackedToolCall::task`]);
     /// `asks` is the server's open request for input, as JSON, while the
     /// task is `input_required`.
@@ -229,6 +234,7 @@ impl Wait {
             WaitingFor::Background => Wait::Background(Attempt::Unclaimed),
             WaitingFor::Isolated => Wait::Isolated(Attempt::Unclaimed),
             WaitingFor::McpTask => Wait::McpTask { asks: None },
+            WaitingFor::SubAgent => Wait::SubAgent(Attempt::Unclaimed),
         }
     }
 
@@ -239,19 +245,20 @@ impl Wait {
             Wait::Background(_) => WaitingFor::Background,
             Wait::Isolated(_) => WaitingFor::Isolated,
             Wait::McpTask { .. } => WaitingFor::McpTask,
+            Wait::SubAgent(_) => WaitingFor::SubAgent,
         }
     }
 
     pub fn attempt(&self) -> Option<&Attempt> {
         match self {
-            Wait::Background(a) | Wait::Isolated(a) => Some(a),
+            Wait::Background(a) | Wait::Isolated(a) | Wait::SubAgent(a) => Some(a),
             Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
         }
     }
 
     fn attempt_mut(&mut self) -> Option<&mut Attempt> {
         match self {
-            Wait::Background(a) | Wait::Isolated(a) => Some(a),
+            Wait::Background(a) | Wait::Isolated(a) | Wait::SubAgent(a) => Some(a),
             Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
         }
     }
@@ -493,7 +500,10 @@ impl TrackedToolCall {
         deadline: Option<Millis>,
     ) -> Result<(), TransitionError> {
         self.allow(CallState::Deferred)?;
-        if matches!(waiting_for, WaitingFor::Background | WaitingFor::Isolated) {
+        if matches!(
+            waiting_for,
+            WaitingFor::Background | WaitingFor::Isolated | WaitingFor::SubAgent
+        ) {
             self.attempts += 1;
         }
         self.token = Some(token);

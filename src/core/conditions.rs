@@ -109,12 +109,13 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
 }
 
 /// What most needs a person first, and each wait's condition reason.
-const WAITS: [(WaitingFor, &str); 5] = [
+const WAITS: [(WaitingFor, &str); 6] = [
     (WaitingFor::Approval, "AwaitingApproval"),
     (WaitingFor::External, "AwaitingExternal"),
     (WaitingFor::McpTask, "AwaitingMcpTask"),
     (WaitingFor::Isolated, "AwaitingJob"),
     (WaitingFor::Background, "AwaitingBackground"),
+    (WaitingFor::SubAgent, "AwaitingSubAgent"),
 ];
 
 /// What the open calls wait for that most needs a person (approvals
@@ -145,6 +146,7 @@ fn waiting(state: &SessionState) -> Condition {
                 Some(WaitingFor::Background) => "background run",
                 Some(WaitingFor::McpTask) if c.task_asks().is_some() => "MCP task asking for input",
                 Some(WaitingFor::McpTask) => "MCP task",
+                Some(WaitingFor::SubAgent) => "sub-agent",
                 None => "?",
             };
             c.token().map(|t| format!("{t} ({}, {what})", c.call.name))

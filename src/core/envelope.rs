@@ -28,6 +28,10 @@ pub struct ContextSnapshot {
     /// Non-secret parameters of the agent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, String>,
+    /// The sessions from the root of a sub-agent tree down to this one
+    /// (agent, session, depth); empty outside a tree's children.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_stack: Vec<crate::core::session::subagent::StackEntry>,
 }
 
 impl ContextSnapshot {
@@ -47,6 +51,7 @@ impl ContextSnapshot {
             agent: agent.map(str::to_string),
             idempotency_key: idempotency_key(session, scope, &call.id),
             params: BTreeMap::new(),
+            call_stack: Vec::new(),
         }
     }
 }
@@ -202,6 +207,7 @@ mod tests {
                 agent: Some("helper".into()),
                 idempotency_key: "demo/t1-c2".into(),
                 params: BTreeMap::new(),
+                call_stack: Vec::new(),
             },
             AppliedPolicy {
                 disposition: Disposition::RunIsolated {

@@ -120,6 +120,12 @@ pub enum Disposition {
         /// Why it waits.
         reason: String,
     },
+    /// Run as a child Session of another Agent (an `agent` tool); set by
+    /// the tool's kind, never by a rule.
+    SubAgent {
+        /// The Agent the child runs.
+        agent: String,
+    },
 }
 
 impl Disposition {
@@ -129,6 +135,7 @@ impl Disposition {
             Disposition::RunAsync => "runAsync",
             Disposition::RunIsolated { .. } => "runIsolated",
             Disposition::Defer { .. } => "defer",
+            Disposition::SubAgent { .. } => "subAgent",
         }
     }
 }
@@ -257,6 +264,10 @@ pub struct PolicyContext<'a> {
     /// The tool's own container, when the tool is a container tool: such a
     /// tool can only run isolated, and fills in a rule's missing image.
     pub tool_container: Option<&'a IsolationSpec>,
+    /// The Agent an `agent` tool calls: such a call always runs as a
+    /// child Session; a rule adds only its decorators (approval, timeout,
+    /// retries).
+    pub sub_agent: Option<&'a str>,
 }
 
 /// A policy whose globs failed to parse, naming the rule.
@@ -310,6 +321,11 @@ impl Policy {
                     spec: merge_spec(spec, container),
                 },
                 defer => defer,
+            };
+        }
+        if let Some(agent) = ctx.sub_agent {
+            applied.disposition = Disposition::SubAgent {
+                agent: agent.to_string(),
             };
         }
         applied
@@ -441,6 +457,7 @@ mod tests {
         let ctx = PolicyContext {
             session: None,
             tool_container: Some(&container),
+            sub_agent: None,
         };
         let a = Policy::default().classify(&ctx, &call("ls"));
         assert_eq!(

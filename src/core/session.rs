@@ -32,6 +32,7 @@ use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub mod subagent;
 mod task;
 pub use task::{next_poll, MAX_POLL_MS, MIN_POLL_MS, TASK_BY};
 
@@ -75,6 +76,8 @@ pub struct SessionConfig {
     pub tool_fingerprints: BTreeMap<String, String>,
     /// Who drives and what it may start.
     pub driver: DriverRole,
+    /// Where the session sits in its tree, and the limits on children.
+    pub lineage: subagent::Lineage,
 }
 
 impl Default for SessionConfig {
@@ -92,6 +95,7 @@ impl Default for SessionConfig {
             default_tool_timeout_secs: DEFAULT_TOOL_TIMEOUT_SECS,
             tool_fingerprints: BTreeMap::new(),
             driver: DriverRole::default(),
+            lineage: subagent::Lineage::default(),
         }
     }
 }
@@ -132,6 +136,8 @@ impl DriverRole {
                 Wait::Isolated(_) => self.isolated,
                 // Polled by the driver that runs tools in the step.
                 Wait::McpTask { .. } => self.model,
+                // Made by the driver that calls the model (a worker makes none).
+                Wait::SubAgent(_) => self.model,
                 Wait::Approval | Wait::External => false,
             },
             CallStage::Ready | CallStage::Completed(_) | CallStage::Failed(_) => false,
@@ -155,6 +161,8 @@ impl Default for DriverRole {
 pub struct ToolInfo {
     /// Set for container tools: they can only run isolated.
     pub container: Option<IsolationSpec>,
+    /// Set for `agent` tools: the Agent a call runs as a child Session.
+    pub sub_agent: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -345,6 +353,13 @@ pub enum Action {
         attempt: u32,
         cache_key: Option<CacheKey>,
     },
+    /// Make (or adopt) the call's child Session and take its answer once it
+    /// ends; answer with `AttemptFinished`.
+    StartSubAgent {
+        envelope: CallEnvelope,
+        child: subagent::ChildPlan,
+        attempt: u32,
+    },
     /// Run the call isolated (Job or process); answer with `AttemptFinished`.
     LaunchIsolated {
         envelope: CallEnvelope,
@@ -359,6 +374,8 @@ pub enum Action {
         envelope: CallEnvelope,
         /// The isolation of an isolated call; `None` for a background run.
         isolated: Option<IsolationSpec>,
+        /// The child of a sub-agent call.
+        child: Option<subagent::ChildPlan>,
         attempt: u32,
     },
     /// Ask the MCP server how the call's task is doing (`tasks/get`),
@@ -409,6 +426,7 @@ impl Action {
                 | Action::RunTool { .. }
                 | Action::RunInBackground { .. }
                 | Action::LaunchIsolated { .. }
+                | Action::StartSubAgent { .. }
         )
     }
 }
@@ -843,6 +861,9 @@ impl Session {
             Action::LaunchIsolated {
                 envelope, attempt, ..
             }
+            | Action::StartSubAgent {
+                envelope, attempt, ..
+            }
             | Action::Collect {
                 envelope, attempt, ..
             } => deferred_attempt(&envelope.token, *attempt),
@@ -944,10 +965,16 @@ impl Session {
             let ctx = PolicyContext {
                 session: Some(&self.state.id),
                 tool_container: tool.and_then(|t| t.container.as_ref()),
+                sub_agent: tool.and_then(|t| t.sub_agent.as_deref()),
             };
             let policy = self.config.policy.classify(&ctx, &call);
             let mut tc = TrackedToolCall::new(id, call, policy);
-            if let Some(problem) = self.refuse_reason(&tc.call) {
+            let problem = self.refuse_reason(&tc.call).or_else(|| {
+                let agent = tool.and_then(|t| t.sub_agent.as_deref())?;
+                let args = serde_json::Value::Object(tc.call.parsed_arguments().ok()?);
+                subagent::refuse_reason(&self.config, &self.state.id, agent, &args)
+            });
+            if let Some(problem) = problem {
                 tc.finish(CallState::Completed, ToolResult::error(problem), "agents")?;
             }
             tracked.push(tc);
@@ -1095,7 +1122,7 @@ impl Session {
         }
         let running_here = matches!(
             call.waiting_for(),
-            Some(WaitingFor::Background | WaitingFor::Isolated)
+            Some(WaitingFor::Background | WaitingFor::Isolated | WaitingFor::SubAgent)
         );
         if !running_here {
             return Err(CoreError::NotWaiting {
@@ -1421,6 +1448,7 @@ impl Session {
                     Disposition::RunAsync => Some(WaitingFor::Background),
                     Disposition::RunIsolated { .. } => Some(WaitingFor::Isolated),
                     Disposition::Defer { .. } => Some(WaitingFor::External),
+                    Disposition::SubAgent { .. } => Some(WaitingFor::SubAgent),
                 }
             };
             match waiting {
@@ -1467,6 +1495,7 @@ impl Session {
         let Some(open) = self.state.open.as_mut() else {
             return (planned, starts);
         };
+        let mut children = subagent::running_children(&open.calls);
         for call in open.calls.iter_mut() {
             if call.state() == CallState::Deferred && ensure && call.has_continuation() {
                 planned.extend(ensure_action(id, config, call));
@@ -1476,7 +1505,10 @@ impl Session {
                 .decorators
                 .timeout_seconds
                 .unwrap_or(config.default_tool_timeout_secs);
-            let may_run = config.driver.runs(call);
+            // Past `maxChildren` a new child waits its turn (unclaimed).
+            let new_child = subagent::is_new_child(call);
+            let turn_waits = new_child && children >= config.lineage.max_children;
+            let may_run = config.driver.runs(call) && !turn_waits;
             let Some(attempt) = call.attempt_mut().filter(|_| may_run) else {
                 continue;
             };
@@ -1485,6 +1517,9 @@ impl Session {
             };
             if taken.retry {
                 call.attempts += 1;
+            }
+            if new_child {
+                children += 1;
             }
             let run = run_action(id, config, call);
             starts |= !run.is_empty();
@@ -1538,6 +1573,17 @@ impl Session {
                 } => Some(Action::Collect {
                     envelope,
                     isolated: None,
+                    child: None,
+                    attempt,
+                }),
+                Action::StartSubAgent {
+                    envelope,
+                    child,
+                    attempt,
+                } => Some(Action::Collect {
+                    envelope,
+                    isolated: None,
+                    child: Some(child),
                     attempt,
                 }),
                 Action::LaunchIsolated {
@@ -1547,6 +1593,7 @@ impl Session {
                 } => Some(Action::Collect {
                     envelope,
                     isolated: Some(spec),
+                    child: None,
                     attempt,
                 }),
                 _ => None,
@@ -1828,7 +1875,9 @@ fn call_envelope(
     call: &TrackedToolCall,
 ) -> Option<CallEnvelope> {
     let token = call.token()?.clone();
-    let context = ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
+    let mut context =
+        ContextSnapshot::for_call(session, &config.scope, call, config.agent.as_deref());
+    context.call_stack = subagent::call_stack(config, session);
     Some(CallEnvelope::new(
         token,
         call.effective_call(),
@@ -1870,6 +1919,13 @@ fn run_action(session: &SessionId, config: &SessionConfig, call: &TrackedToolCal
                     attempt: call.attempts,
                     cache_key: cache,
                 }],
+                (Wait::SubAgent(_), Disposition::SubAgent { agent }) => {
+                    vec![Action::StartSubAgent {
+                        child: subagent::plan(session, config, call, agent),
+                        envelope,
+                        attempt: call.attempts,
+                    }]
+                }
                 (Wait::Isolated(_), Disposition::RunIsolated { spec }) => {
                     vec![Action::LaunchIsolated {
                         envelope,
@@ -1904,6 +1960,9 @@ fn time_out(call: &mut TrackedToolCall, now: Millis) -> Option<Action> {
         Wait::Approval => ("an approval", CallState::Completed),
         Wait::External => ("an outside result", CallState::Completed),
         Wait::Background(_) | Wait::Isolated(_) => ("the tool", CallState::Failed),
+        // The model is told; the driver stops the child when the result
+        // is recorded.
+        Wait::SubAgent(_) => ("the sub-agent", CallState::Completed),
         Wait::McpTask { .. } => ("its MCP task", CallState::Completed),
     };
     let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);

@@ -741,6 +741,7 @@ async fn perform(
         Action::EnsureContinuation(spec) => ensure_continuation(p, ctx, session, spec).await?,
         run @ (Action::RunInBackground { .. }
         | Action::LaunchIsolated { .. }
+        | Action::StartSubAgent { .. }
         | Action::Collect { .. }) => run_or_collect(p, sid, session, run, replay).await?,
         Action::PollTask {
             envelope,
@@ -801,14 +802,21 @@ async fn run_or_collect(
             spec,
             attempt,
         } => Run::start(envelope, *attempt, RunKind::Isolated(spec)),
+        Action::StartSubAgent {
+            envelope,
+            child,
+            attempt,
+        } => Run::start(envelope, *attempt, RunKind::SubAgent(child)),
         Action::Collect {
             envelope,
             isolated,
+            child,
             attempt,
         } => {
-            let kind = match isolated {
-                Some(spec) => RunKind::Isolated(spec),
-                None => RunKind::Background,
+            let kind = match (isolated, child) {
+                (Some(spec), _) => RunKind::Isolated(spec),
+                (None, Some(child)) => RunKind::SubAgent(child),
+                (None, None) => RunKind::Background,
             };
             Run {
                 collect_only: true,
@@ -829,14 +837,18 @@ async fn record_and_release(
     result: &ToolResult,
     by: &str,
 ) -> Result<(), StoreError> {
-    // Known at the step's start: the turn may have closed since.
-    let isolated = ctx
+    // Known at the step's start: the turn may have closed since. A child
+    // ended early (a timeout) is stopped by its release.
+    let waited = ctx
         .known_waits
         .iter()
-        .any(|(t, w)| t == token && *w == Some(WaitingFor::Isolated));
+        .find(|(t, _)| t == token)
+        .and_then(|(_, w)| *w);
     record_result(p, ctx.sid, token, result, by).await?;
-    if isolated {
-        p.runner.release(token).await;
+    match waited {
+        Some(WaitingFor::Isolated) => p.runner.release(token).await,
+        Some(WaitingFor::SubAgent) => p.runner.release_child(token).await,
+        _ => {}
     }
     Ok(())
 }
@@ -1113,6 +1125,7 @@ fn starts_work(action: &Action) -> bool {
             | Action::RunTool { .. }
             | Action::RunInBackground { .. }
             | Action::LaunchIsolated { .. }
+            | Action::StartSubAgent { .. }
     )
 }
 

@@ -487,4 +487,5 @@ mod background;
 mod calls;
 mod claims_and_store;
 mod spans;
+mod subagents;
 mod tasks;

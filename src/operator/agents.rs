@@ -165,6 +165,7 @@ async fn check(
         limits: None,
         retry: None,
         ttl_seconds_after_finished: None,
+        parent: None,
     };
     let definition = crate::agent::Definition {
         session: "agent-check".into(),
@@ -173,6 +174,14 @@ async fn check(
         spec: probe,
     };
     let mut mcp = (Vec::new(), Vec::new());
+    if let Some(missing) = missing_sub_agent(ctx, ns, spec) {
+        let message = format!("agent tool {missing:?}: there is no Agent {missing:?} in namespace {ns}; create it, or remove the tool (each call would fail)");
+        return (
+            ready(Status::False, "SubAgentNotFound", message),
+            INVALID_RECHECK,
+            mcp,
+        );
+    }
     let (ready, recheck) = match prepare(ctx, ns, definition, created).await {
         Ok(resolved) => match resolved.tools.urls_not_allowed().first() {
             None => {
@@ -208,6 +217,18 @@ async fn check(
         ),
     };
     (ready, recheck, mcp)
+}
+
+/// The first Agent an `agent` tool names that the watch has not seen.
+fn missing_sub_agent(ctx: &Context, ns: &str, spec: &crate::api::AgentSpec) -> Option<String> {
+    spec.tools
+        .iter()
+        .filter_map(|t| t.agent.as_ref())
+        .map(|a| a.agent_ref.clone())
+        .find(|name| {
+            let at = kube::runtime::reflector::ObjectRef::<Agent>::new(name).within(ns);
+            ctx.agents.get(&at).is_none()
+        })
 }
 
 fn error_policy(agent: Arc<Agent>, error: &Error, _ctx: Arc<Context>) -> Action {

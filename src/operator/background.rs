@@ -198,6 +198,8 @@ pub struct SessionRunner {
     /// Isolated calls as Jobs, in the session's namespace (none: they wait
     /// for an outside worker).
     pub jobs: Option<crate::runner::job::JobRunner>,
+    /// Sub-agent calls' child Sessions.
+    pub children: super::children::Children,
 }
 
 impl RunnerPort for SessionRunner {
@@ -220,6 +222,7 @@ impl RunnerPort for SessionRunner {
                 );
                 Box::pin(async move { status })
             }
+            RunKind::SubAgent(child) => Box::pin(self.children.start(child, &envelope.token)),
             RunKind::Isolated(spec) => match &self.jobs {
                 Some(jobs) => jobs.start(kind, envelope, attempt, timeout),
                 // Without a Job runner the roles exclude isolated runs;
@@ -239,6 +242,7 @@ impl RunnerPort for SessionRunner {
         attempt: u32,
     ) -> BoxFuture<'a, RunStatus> {
         match (kind, &self.jobs) {
+            (RunKind::SubAgent(child), _) => Box::pin(self.children.collect(child)),
             (RunKind::Background, _) => {
                 let status = self.background.collect(&self.uid, envelope, attempt);
                 Box::pin(async move { status })
@@ -255,10 +259,15 @@ impl RunnerPort for SessionRunner {
         }
     }
 
+    fn release_child<'a>(&'a self, token: &'a crate::core::ContinuationToken) -> BoxFuture<'a, ()> {
+        Box::pin(self.children.release(token))
+    }
+
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "job",
+            RunKind::SubAgent(_) => "subAgent",
         }
     }
 }

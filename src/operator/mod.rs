@@ -27,6 +27,7 @@
 
 pub mod agents;
 pub mod background;
+pub mod children;
 pub mod event_sink;
 pub mod events;
 mod failure;
@@ -120,6 +121,9 @@ pub struct Options {
     /// The page where people decide and complete calls
     /// (`--approvals-page-url`): the `link` of notifications.
     pub approvals_page_url: Option<String>,
+    /// The deepest a sub-agent tree may grow, whatever an Agent's
+    /// `maxDepth` says (`--max-sub-agent-depth`).
+    pub max_sub_agent_depth: u32,
 }
 
 impl Default for Options {
@@ -147,6 +151,7 @@ impl Default for Options {
             model_allowed_urls: None,
             notify_webhook_url: None,
             approvals_page_url: None,
+            max_sub_agent_depth: 8,
         }
     }
 }

@@ -230,6 +230,13 @@ async fn step_session(
         uid: session.uid().unwrap_or_default(),
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
+        children: super::children::Children {
+            client: ctx.client.clone(),
+            namespace: ns.to_string(),
+            parent: session.name_any(),
+            parent_uid: session.uid().unwrap_or_default(),
+            paused: session.spec.paused,
+        },
     };
     let ports = Ports::over_store(store, &model, &tools, &runner, &observer)
         .traced(crate::telemetry::tracer());

@@ -95,6 +95,8 @@ pub(super) async fn prepare(
             recheck: INVALID_RECHECK,
         })?;
     agent.config.default_tool_timeout_secs = ctx.options.default_tool_timeout_secs;
+    let cap = ctx.options.max_sub_agent_depth;
+    agent.config.lineage.max_depth = agent.config.lineage.max_depth.min(cap);
     agent.config.limits.max_calls_per_reply = Some(ctx.options.max_calls_per_reply);
     let model_timeout = match (spec.model.timeout_seconds, ctx.options.model_timeout_secs) {
         (None, Some(default)) => default,

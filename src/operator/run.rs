@@ -297,6 +297,17 @@ fn with_triggers(
             )
             .touched_objects(),
         )
+        // A sub-agent's child changing (ended, deleted) steps its parent,
+        // found through the child's ownerReference.
+        .owns_stream(
+            tracked_watch(
+                api::<Session>(watching, ns),
+                watcher::Config::default().labels(super::children::LABEL_PARENT),
+                health,
+                format!("watch child sessions/{scope}"),
+            )
+            .touched_objects(),
+        )
         .watches_stream(
             tracked_watch(
                 api::<Agent>(watching, ns),

@@ -186,6 +186,9 @@ pub enum RunKind<'a> {
     Background,
     /// `runIsolated`: a Job in a cluster, a process standalone.
     Isolated(&'a IsolationSpec),
+    /// A child Session (an `agent` tool): created if absent, adopted when
+    /// this session owns it; finished when the child ends.
+    SubAgent(&'a crate::core::session::subagent::ChildPlan),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -233,11 +236,19 @@ pub trait RunnerPort: Send + Sync {
         Box::pin(async {})
     }
 
+    /// A sub-agent call's result is recorded: its child, if still running
+    /// (the call timed out), is stopped. Runs once at most.
+    fn release_child<'a>(&'a self, token: &'a ContinuationToken) -> BoxFuture<'a, ()> {
+        let _ = token;
+        Box::pin(async {})
+    }
+
     /// How results of this runner are labelled in progress lines.
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "isolated",
+            RunKind::SubAgent(_) => "subAgent",
         }
     }
 }

@@ -121,6 +121,7 @@ impl ContinuationRecord {
                 Disposition::RunSync => Some("runSync"),
                 Disposition::RunAsync => Some("runAsync"),
                 Disposition::RunIsolated { .. } => Some("runIsolated"),
+                Disposition::SubAgent { .. } => Some("subAgent"),
             },
             decision: self.decision.as_ref().map(|d| Decided {
                 approved: d.approved,

@@ -22,6 +22,7 @@ pub(crate) fn envelope(session: &str, args: &str) -> CallEnvelope {
             agent: None,
             idempotency_key: format!("{session}/t1-c0"),
             params: BTreeMap::new(),
+            call_stack: Vec::new(),
         },
         AppliedPolicy::default(),
     )

@@ -96,6 +96,10 @@ impl RunnerPort for LocalRunner<'_> {
                 RunKind::Isolated(spec) => {
                     self.process.run(envelope, spec, Some(timeout)).await.result
                 }
+                RunKind::SubAgent(child) => crate::core::ToolResult::error(format!(
+                    "sub-agent {:?} cannot run here: `agents run` does not run sub-agents yet; run the session in a cluster",
+                    child.agent
+                )),
             };
             RunStatus::Finished(result)
         })
@@ -106,6 +110,7 @@ impl RunnerPort for LocalRunner<'_> {
             RunKind::Background => "runAsync",
             RunKind::Isolated(spec) if !spec.image.is_empty() => "container",
             RunKind::Isolated(_) => "process",
+            RunKind::SubAgent(_) => "subAgent",
         }
     }
 }

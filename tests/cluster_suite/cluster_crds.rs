@@ -169,6 +169,7 @@ fn continuation(token: &ContinuationToken, approval: bool) -> Continuation {
             agent: None,
             idempotency_key: "quickstart/t1-c1".into(),
             params: Default::default(),
+            call_stack: Vec::new(),
         },
         cache_key: None,
         expires_at: None,

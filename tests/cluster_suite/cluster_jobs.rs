@@ -53,6 +53,7 @@ fn envelope(token: &ContinuationToken, arguments: &str) -> CallEnvelope {
             agent: None,
             idempotency_key: format!("ns/s/uid/{token}"),
             params: BTreeMap::new(),
+            call_stack: Vec::new(),
         },
         AppliedPolicy::default(),
     )

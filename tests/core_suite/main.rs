@@ -4,3 +4,4 @@
 
 mod core_properties;
 mod core_session;
+mod core_subagents;

@@ -21,4 +21,5 @@ mod standalone_hardening;
 mod standalone_mcp;
 mod standalone_openai;
 mod standalone_policies;
+mod standalone_subagents;
 mod standalone_tracing;

@@ -73,6 +73,7 @@ fn envelope(token: &str) -> CallEnvelope {
             agent: None,
             idempotency_key: "s/t1-c0".into(),
             params: BTreeMap::new(),
+            call_stack: Vec::new(),
         },
         AppliedPolicy::default(),
     )

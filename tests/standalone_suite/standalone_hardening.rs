@@ -105,6 +105,7 @@ async fn env_probe_child() {
             agent: None,
             idempotency_key: "p/t1-c0".into(),
             params: BTreeMap::new(),
+            call_stack: Vec::new(),
         },
         AppliedPolicy::default(),
     );

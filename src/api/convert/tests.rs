@@ -35,6 +35,7 @@ fn continuation_spec_round_trips() {
             agent: Some("a".into()),
             idempotency_key: "s/t1-c0".into(),
             params: [("region".to_string(), "eu".to_string())].into(),
+            call_stack: Vec::new(),
         },
         cache_key: Some(CacheKey {
             tool: "bash".into(),

@@ -131,6 +131,7 @@ pub fn wait_name(w: Option<WaitingForName>) -> &'static str {
         Some(WaitingForName::Isolated) => "isolated",
         Some(WaitingForName::External) => "external",
         Some(WaitingForName::McpTask) => "mcpTask",
+        Some(WaitingForName::SubAgent) => "subAgent",
         None => "",
     }
 }
@@ -263,6 +264,7 @@ mod tests {
                 limits: None,
                 retry: None,
                 ttl_seconds_after_finished: None,
+                parent: None,
             },
         );
         s.status = Some(SessionStatus {

@@ -175,6 +175,7 @@ fn deferred(f: &FlatCall, attempt: Attempt) -> Result<CallStage, &'static str> {
     let wait = match (kind, attempt) {
         (WaitingFor::Background, a) => Wait::Background(a),
         (WaitingFor::Isolated, a) => Wait::Isolated(a),
+        (WaitingFor::SubAgent, a) => Wait::SubAgent(a),
         (_, Attempt::Claimed(_) | Attempt::RetryAt(_)) => {
             return Err("is claimed or waiting to retry but waits on no run of ours")
         }

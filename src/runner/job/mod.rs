@@ -691,9 +691,11 @@ impl RunnerPort for JobRunner {
                 RunKind::Isolated(spec) => {
                     self.start_isolated(spec, envelope, attempt, timeout).await
                 }
-                RunKind::Background => RunStatus::Finished(ToolResult::error(
-                    "the Job runner runs isolated calls only; runAsync calls run in the operator",
-                )),
+                RunKind::Background | RunKind::SubAgent(_) => {
+                    RunStatus::Finished(ToolResult::error(
+                        "the Job runner runs isolated calls only; runAsync calls and sub-agents run in the operator",
+                    ))
+                }
             }
         })
     }
@@ -707,7 +709,7 @@ impl RunnerPort for JobRunner {
         Box::pin(async move {
             match kind {
                 RunKind::Isolated(_) => self.collect_isolated(&envelope.token, attempt).await,
-                RunKind::Background => RunStatus::InFlight,
+                RunKind::Background | RunKind::SubAgent(_) => RunStatus::InFlight,
             }
         })
     }

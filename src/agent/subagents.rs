@@ -1,0 +1,142 @@
+//! `agent` tools: another Agent offered to the model as a tool, and the
+//! lineage (depth, call stack, limits) a session takes from `spec.parent`.
+
+use super::AgentLookup;
+use crate::api::agent::{tool_name, ToolSpec};
+use crate::api::session::ParentRef;
+use crate::api::AgentSpec;
+use crate::core::session::subagent::{Lineage, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH};
+use crate::core::{Millis, SessionConfig};
+use crate::tools::{ToolDef, ToolKind};
+use serde_json::{json, Value};
+
+/// Gives every `agent` tool without a description its Agent's
+/// `spec.description`. An Agent that cannot be read keeps a plain one: the
+/// call then ends with an error result naming it.
+pub async fn describe_agent_tools(agent: &mut AgentSpec, lookup: &dyn AgentLookup) {
+    for tool in agent.tools.iter_mut() {
+        let Some(target) = &tool.agent else { continue };
+        if !tool.description.is_empty() {
+            continue;
+        }
+        if let Ok(Some(found)) = lookup.agent(&target.agent_ref).await {
+            tool.description = found.description;
+        }
+    }
+}
+
+/// The arguments an `agent` tool takes: `prompt`, and the properties the
+/// entry declares (passed on to the child after the prompt).
+fn parameters(declared: Option<&Value>) -> Value {
+    let mut schema = declared
+        .cloned()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({"type": "object"}));
+    let props = schema
+        .as_object_mut()
+        .expect("an object")
+        .entry("properties")
+        .or_insert_with(|| json!({}));
+    if let Some(props) = props.as_object_mut() {
+        props.insert(
+            "prompt".into(),
+            json!({"type": "string", "description": "What the agent should do: its first message."}),
+        );
+    }
+    let required = schema
+        .as_object_mut()
+        .expect("an object")
+        .entry("required")
+        .or_insert_with(|| json!([]));
+    if let Some(list) = required.as_array_mut() {
+        if !list.iter().any(|v| v == "prompt") {
+            list.push(json!("prompt"));
+        }
+    }
+    schema
+}
+
+/// An `agent` tool as the model sees it. It never runs in the step: the
+/// core sends its calls to a child Session.
+pub fn tool_def(t: &ToolSpec) -> ToolDef {
+    let agent = t.agent.as_ref().map(|a| a.agent_ref.as_str()).unwrap_or("");
+    let description = if t.description.is_empty() {
+        format!("Ask the {agent} agent to do a task; its final answer is the result.")
+    } else {
+        t.description.clone()
+    };
+    ToolDef {
+        name: tool_name(t).to_string(),
+        description,
+        parameters: Some(parameters(t.parameters.as_ref())),
+        kind: ToolKind::Container,
+    }
+}
+
+/// The session's place in its tree: from `spec.parent` (set by the
+/// operator on a child), with the Agent's limits, `cap` bounding the depth.
+pub fn lineage(agent: &AgentSpec, parent: Option<&ParentRef>, cap: u32) -> Lineage {
+    Lineage {
+        depth: parent.map_or(0, |p| p.depth),
+        ancestors: parent.map(|p| p.stack.clone()).unwrap_or_default(),
+        max_depth: agent.max_depth.unwrap_or(DEFAULT_MAX_DEPTH).min(cap),
+        max_children: agent.max_children.unwrap_or(DEFAULT_MAX_CHILDREN).max(1),
+    }
+}
+
+/// Applies the lineage, and the parent's deadline where it comes first.
+pub fn apply(config: &mut SessionConfig, agent: &AgentSpec, parent: Option<&ParentRef>, cap: u32) {
+    config.lineage = lineage(agent, parent, cap);
+    if let Some(d) = parent.and_then(|p| p.deadline_ms).map(Millis) {
+        config.limits.deadline = Some(config.limits.deadline.map_or(d, |own| own.min(d)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(yaml: &str) -> ToolSpec {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn an_agent_tool_takes_a_prompt_and_its_declared_parameters() {
+        let t = tool("name: researcher\nagent: {ref: researcher}\nparameters: {type: object, properties: {detail: {type: string}}}\n");
+        let def = tool_def(&t);
+        assert_eq!(def.name, "researcher");
+        assert!(
+            def.description.contains("researcher agent"),
+            "{}",
+            def.description
+        );
+        let p = def.parameters.unwrap();
+        assert_eq!(p["properties"]["prompt"]["type"], "string");
+        assert_eq!(p["properties"]["detail"]["type"], "string");
+        assert_eq!(p["required"], json!(["prompt"]));
+    }
+
+    #[test]
+    fn lineage_comes_from_spec_parent_and_the_cap_bounds_max_depth() {
+        let agent: AgentSpec =
+            serde_norway::from_str("model: {provider: scripted}\nmaxDepth: 9\n").unwrap();
+        let parent = ParentRef {
+            name: "root".into(),
+            uid: "u".into(),
+            call_id: "t1-c0".into(),
+            depth: 1,
+            stack: Vec::new(),
+            deadline_ms: Some(5_000),
+        };
+        let l = lineage(&agent, Some(&parent), 6);
+        assert_eq!((l.depth, l.max_depth, l.max_children), (1, 6, 8));
+        let mut config = SessionConfig::default();
+        config.limits.deadline = Some(Millis(9_000));
+        apply(&mut config, &agent, Some(&parent), 6);
+        assert_eq!(
+            config.limits.deadline,
+            Some(Millis(5_000)),
+            "the parent's comes first"
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! `agents session tree NAME`: a session and its sub-agent descendants
+//! (the cluster's Sessions linked by `spec.parent`), with each one's
+//! phase, the call that made it, its depth and its token usage.
+
+use super::OutputFormat;
+use crate::api::Session;
+use kube::api::{Api, ListParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+/// One session of the tree, its children after it.
+fn node(s: &Session, all: &[Session]) -> Value {
+    let status = s.status.as_ref();
+    let children: Vec<Value> = all
+        .iter()
+        .filter(|c| {
+            c.spec
+                .parent
+                .as_ref()
+                .is_some_and(|p| p.name == s.name_any() && Some(&p.uid) == s.uid().as_ref())
+        })
+        .map(|c| node(c, all))
+        .collect();
+    json!({
+        "name": s.name_any(),
+        "agent": s.spec.agent_ref.as_ref().map(|a| a.name.clone()),
+        "phase": status.map(|st| format!("{:?}", st.phase)).unwrap_or_else(|| "Pending".into()),
+        "callId": s.spec.parent.as_ref().map(|p| p.call_id.clone()),
+        "depth": s.spec.parent.as_ref().map_or(0, |p| p.depth),
+        "usage": status.map(|st| st.usage).unwrap_or_default(),
+        "children": children,
+    })
+}
+
+/// The tree as indented text, one line a session.
+pub fn render(tree: &Value, indent: usize, out: &mut String) {
+    let usage = &tree["usage"];
+    let tokens = usage["promptTokens"].as_u64().unwrap_or(0)
+        + usage["completionTokens"].as_u64().unwrap_or(0);
+    let call = tree["callId"]
+        .as_str()
+        .map(|c| format!(" call {c}"))
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "{}{} [{}] agent {} depth {}{call} tokens {tokens}\n",
+        "  ".repeat(indent),
+        tree["name"].as_str().unwrap_or("?"),
+        tree["phase"].as_str().unwrap_or("?"),
+        tree["agent"].as_str().unwrap_or("inline"),
+        tree["depth"],
+    ));
+    for c in tree["children"].as_array().into_iter().flatten() {
+        render(c, indent + 1, out);
+    }
+}
+
+/// The tree under `name`, from the Sessions of the namespace.
+pub fn tree(name: &str, all: &[Session]) -> anyhow::Result<Value> {
+    let root = all.iter().find(|s| s.name_any() == name).ok_or_else(|| {
+        anyhow::anyhow!("session {name} not found; `kubectl get sessions` lists them")
+    })?;
+    Ok(node(root, all))
+}
+
+pub async fn run(
+    name: &str,
+    store: &str,
+    namespace: Option<&str>,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    if store != "kube" {
+        anyhow::bail!("sub-agent trees live in a cluster: add --store kube (and -n NAMESPACE)");
+    }
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| anyhow::anyhow!("--store kube: no usable kubeconfig ({e})"))?;
+    let ns = namespace
+        .map(str::to_string)
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    let all = Api::<Session>::namespaced(client, &ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let tree = tree(name, &all)?;
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&tree)?);
+    } else {
+        let mut out = String::new();
+        render(&tree, 0, &mut out);
+        print!("{out}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(name: &str, uid: &str, parent: Option<(&str, &str, u32)>) -> Session {
+        let mut spec = json!({"messages": ["x"], "agentRef": {"name": "a"}});
+        if let Some((p, puid, depth)) = parent {
+            spec["parent"] = json!({"name": p, "uid": puid, "callId": "t1-c0", "depth": depth});
+        }
+        let mut s = Session::new(name, serde_json::from_value(spec).unwrap());
+        s.metadata.uid = Some(uid.into());
+        s
+    }
+
+    #[test]
+    fn a_tree_shows_each_child_under_its_parent_by_uid() {
+        let all = vec![
+            session("root", "u0", None),
+            session("root-t1-c0", "u1", Some(("root", "u0", 1))),
+            session("root-t1-c0-t1-c0", "u2", Some(("root-t1-c0", "u1", 2))),
+            // Names a parent of another UID (a re-created root): not ours.
+            session("stale", "u3", Some(("root", "old", 1))),
+        ];
+        let t = tree("root", &all).unwrap();
+        let mut text = String::new();
+        render(&t, 0, &mut text);
+        assert_eq!(
+            text,
+            "root [Pending] agent a depth 0 tokens 0\n  root-t1-c0 [Pending] agent a depth 1 call t1-c0 tokens 0\n    root-t1-c0-t1-c0 [Pending] agent a depth 2 call t1-c0 tokens 0\n"
+        );
+        assert!(tree("nope", &all)
+            .unwrap_err()
+            .to_string()
+            .contains("not found"));
+    }
+}

@@ -1,0 +1,83 @@
+//! A sub-agent call through the engine: the runner is asked for the child
+//! the core planned (after the claim's checkpoint), a child under way is a
+//! wait, and the child's answer is the call's result, taken once.
+
+use super::*;
+use crate::core::session::ToolInfo;
+use std::sync::atomic::AtomicUsize;
+
+/// A runner whose children run for `steps_running` starts, then answer.
+#[derive(Default)]
+struct Children {
+    seen: Mutex<Vec<(String, String, u32)>>,
+    steps_running: AtomicUsize,
+}
+
+impl RunnerPort for Children {
+    fn start<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        _: &'a crate::core::envelope::CallEnvelope,
+        _: u32,
+        _: std::time::Duration,
+    ) -> BoxFuture<'a, RunStatus> {
+        let RunKind::SubAgent(child) = kind else {
+            panic!("only sub-agent calls here: {kind:?}")
+        };
+        let plan = (child.name.clone(), child.prompt.clone(), child.depth);
+        self.seen.lock().unwrap().push(plan);
+        let running = self
+            .steps_running
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        Box::pin(async move {
+            if running {
+                RunStatus::InFlight
+            } else {
+                RunStatus::Finished(ToolResult::text("the child's answer"))
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name() {
+    let store = MemStore::with_session(&["hi"]);
+    let mut ask = calls(&["researcher"]);
+    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
+    let model = Script::new(vec![ask, text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let children = Children {
+        steps_running: AtomicUsize::new(1),
+        ..Children::default()
+    };
+    let mut p = ports(&store, &model, &tools, &clock);
+    p.runner = &children;
+    let mut rt = runtime();
+    rt.config.tools.insert(
+        "researcher".into(),
+        ToolInfo {
+            container: None,
+            sub_agent: Some("researcher".into()),
+        },
+    );
+    let holder = Holder::named("h");
+    let first = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
+    assert!(
+        matches!(first.outcome, StepOutcome::Waiting { .. }),
+        "a child under way is a wait: {:?}",
+        first.outcome
+    );
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let seen = children.seen.lock().unwrap().clone();
+    assert_eq!(seen[0], ("s-t1-c0".to_string(), "dig".to_string(), 1));
+    assert!(seen.iter().all(|s| s == &seen[0]), "one child: {seen:?}");
+    assert_eq!(
+        first_result(&store),
+        Some(ToolResult::text("the child's answer"))
+    );
+}

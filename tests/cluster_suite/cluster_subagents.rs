@@ -1,0 +1,276 @@
+//! Sub-agents on the real test cluster: a root Session whose Agent calls
+//! another Agent as a tool (3 children), each of which calls a third (2
+//! grandchildren each), against an OpenAI-compatible fake model. Every
+//! session must succeed, each Session must be created once (one UID per
+//! name over the whole run), each model turn asked once, and the root's
+//! answer holds its children's answers, which hold their children's.
+//!
+//! Each test starts its own `agents operator -n NS` child process.
+
+use crate::support;
+
+use agents::api::session::SessionPhase;
+use agents::api::Session;
+use futures::StreamExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::http::{Response, Server};
+use support::{apply, launcher, wait_until, TestNamespace};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+
+/// (first user message, turn) -> times asked.
+type Turns = Arc<Mutex<BTreeMap<(String, usize), u32>>>;
+
+/// The fake model: the planner asks 3 researchers, each researcher asks 2
+/// leaves, a leaf answers at once; a caller answers once its calls are
+/// back, quoting their results. Sessions are told apart by their first
+/// message (the root's is "root", a child's the prompt its parent gave).
+fn model(turns: Turns) -> Server {
+    Server::start(move |req| {
+        let body = req.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let system = messages
+            .iter()
+            .find(|m| m["role"] == "system")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        let first = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("?")
+            .to_string();
+        let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
+        *turns
+            .lock()
+            .unwrap()
+            .entry((first.clone(), turn))
+            .or_insert(0) += 1;
+        let calls = |tool: &str, n: usize| -> Value {
+            (0..n)
+                .map(|i| {
+                    let args = json!({"prompt": format!("{first}.{i}")}).to_string();
+                    json!({"id": format!("call{i}"), "type": "function",
+                        "function": {"name": tool, "arguments": args}})
+                })
+                .collect()
+        };
+        let results: Vec<String> = messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| m["content"].as_str().map(str::to_string))
+            .collect();
+        let message = match (system.as_str(), turn) {
+            ("planner", 0) => {
+                json!({"role": "assistant", "content": null, "tool_calls": calls("researcher", 3)})
+            }
+            ("researcher", 0) => {
+                json!({"role": "assistant", "content": null, "tool_calls": calls("leaf", 2)})
+            }
+            ("leaf", _) => json!({"role": "assistant", "content": format!("leaf {first}")}),
+            _ => {
+                json!({"role": "assistant", "content": format!("{first} [{}]", results.join(" | "))})
+            }
+        };
+        Response::json(
+            200,
+            json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+            .to_string(),
+        )
+    })
+}
+
+fn agents_yaml(port: u16) -> String {
+    let agent = |name: &str, tool: Option<&str>| {
+        let tools = tool
+            .map(|t| format!("  tools:\n  - name: {t}\n    agent: {{ref: {t}}}\n"))
+            .unwrap_or_default();
+        format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec:\n  description: the {name}\n  systemPrompt: {name}\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n{tools}"
+        )
+    };
+    [
+        agent("planner", Some("researcher")),
+        agent("researcher", Some("leaf")),
+        agent("leaf", None),
+    ]
+    .concat()
+}
+
+/// Every UID each Session name had while the watch ran.
+fn watch_uids(api: Api<Session>) -> Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> {
+    let seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let into = seen.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(s)) = events.next().await {
+            into.lock()
+                .unwrap()
+                .entry(s.name_any())
+                .or_default()
+                .insert(s.uid().unwrap_or_default());
+        }
+    });
+    seen
+}
+
+fn operator(ns: &str, kubeconfig: &Path) -> launcher::Operator {
+    launcher::Operator::start(BIN, &format!("{ns}-tree"), kubeconfig, &["-n", ns], &[])
+}
+
+#[tokio::test]
+async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "subagents-tree").await;
+    let turns: Turns = Arc::default();
+    let server = model(turns.clone());
+    let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let uids = watch_uids(api.clone());
+    apply(&ns.name, &agents_yaml(server.port));
+    let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
+    let mut op = operator(&ns.name, &kubeconfig);
+    apply(
+        &ns.name,
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
+    );
+    let all = wait_until(Duration::from_secs(180), "the whole tree succeeded", || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            let done = list.items.len() == 10
+                && list
+                    .items
+                    .iter()
+                    .all(|s| s.status.as_ref().map(|st| st.phase) == Some(SessionPhase::Succeeded));
+            done.then_some(list.items)
+        }
+    })
+    .await;
+    let log = op.log_text();
+    op.kill();
+
+    let by_name: BTreeMap<String, &Session> = all.iter().map(|s| (s.name_any(), s)).collect();
+    let root = by_name["root"];
+    let answer = root
+        .status
+        .as_ref()
+        .unwrap()
+        .answer
+        .clone()
+        .unwrap_or_default();
+    for i in 0..3 {
+        for j in 0..2 {
+            assert!(
+                answer.contains(&format!("leaf root.{i}.{j}")),
+                "root's answer: {answer}"
+            );
+        }
+    }
+    // Lineage: labels, ownerReference, spec.parent, depth.
+    for s in &all {
+        let name = s.name_any();
+        if name == "root" {
+            continue;
+        }
+        let parent = s.spec.parent.as_ref().expect("a child has spec.parent");
+        let labels = s.labels();
+        assert_eq!(
+            labels.get("agents-exe.io/parent"),
+            Some(&parent.name),
+            "{name}"
+        );
+        assert_eq!(
+            labels.get("agents-exe.io/root").map(String::as_str),
+            Some("root"),
+            "{name}"
+        );
+        let owner = &s.owner_references()[0];
+        assert_eq!(owner.uid, by_name[&parent.name].uid().unwrap(), "{name}");
+        assert_eq!(
+            parent.depth,
+            if parent.name == "root" { 1 } else { 2 },
+            "{name}"
+        );
+    }
+    // Each Session created once; each model turn asked once.
+    let uids = uids.lock().unwrap().clone();
+    assert_eq!(uids.len(), 10, "{uids:?}");
+    assert!(
+        uids.values().all(|u| u.len() == 1),
+        "a name had two UIDs: {uids:?}"
+    );
+    let turns = turns.lock().unwrap().clone();
+    assert_eq!(turns.len(), 2 + 3 * 2 + 6, "{turns:?}");
+    assert!(
+        turns.values().all(|n| *n == 1),
+        "turns asked more than once: {turns:?}\n{log}"
+    );
+    ns.delete(&client).await;
+}
+
+/// A child that waits for an outside party forever: deleting it by hand
+/// ends the parent's call with an error result saying so, and the parent
+/// finishes (no wait for ever).
+#[tokio::test]
+async fn a_child_deleted_by_hand_is_an_error_result_not_a_wait_for_ever() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "subagents-deleted").await;
+    let turns: Turns = Arc::default();
+    let server = model(turns.clone());
+    let port = server.port;
+    let yaml = format!(
+        "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: planner}}\nspec:\n  systemPrompt: boss\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n  tools:\n  - name: waits\n    agent: {{ref: waits}}\n  policy:\n    rules: [{{tool: waits, disposition: runSync}}]\n{}",
+        support::fake::WAITING_AGENT.replace("apiVersion", "---\napiVersion")
+    );
+    apply(&ns.name, &yaml);
+    let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
+    let mut op = operator(&ns.name, &kubeconfig);
+    apply(
+        &ns.name,
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
+    );
+    let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    // The boss's fake model asks nothing of "waits" by its script: make it.
+    wait_until(Duration::from_secs(60), "the child waits", || {
+        let api = api.clone();
+        async move {
+            let c = api.get_opt("root-t1-c0").await.ok()??;
+            (c.status?.phase == SessionPhase::Waiting).then_some(())
+        }
+    })
+    .await;
+    support::kubectl_ok(["delete", "session", "root-t1-c0", "-n", &ns.name]);
+    let answer = wait_until(Duration::from_secs(60), "the root finished", || {
+        let api = api.clone();
+        async move {
+            let s = api.get_opt("root").await.ok()??;
+            let st = s.status?;
+            (st.phase == SessionPhase::Succeeded).then_some(st.answer.unwrap_or_default())
+        }
+    })
+    .await;
+    let log = op.log_text();
+    op.kill();
+    assert!(
+        answer.contains("was deleted before it answered"),
+        "root's answer: {answer}\n{log}"
+    );
+    ns.delete(&client).await;
+}
