@@ -429,6 +429,7 @@ fn wait_name(w: Option<WaitingForName>) -> &'static str {
         Some(WaitingForName::Isolated) => "isolated",
         Some(WaitingForName::External) => "external",
         Some(WaitingForName::McpTask) => "mcpTask",
+        Some(WaitingForName::Outcome) => "outcome",
         None => "",
     }
 }

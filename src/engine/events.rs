@@ -223,5 +223,6 @@ pub fn waiting_for_text(w: WaitingFor) -> &'static str {
         WaitingFor::Isolated => "an isolated run",
         WaitingFor::External => "an outside result",
         WaitingFor::McpTask => "an MCP task",
+        WaitingFor::Outcome => "a person to tell an unknown outcome",
     }
 }

@@ -134,6 +134,7 @@ fn deferred_as(waiting_for: WaitingFor) -> &'static str {
         WaitingFor::Isolated => "runIsolated",
         WaitingFor::External => "defer",
         WaitingFor::McpTask => "mcpTask",
+        WaitingFor::Outcome => "outcome",
     }
 }
 

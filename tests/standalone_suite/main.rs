@@ -20,5 +20,6 @@ mod standalone_examples;
 mod standalone_hardening;
 mod standalone_mcp;
 mod standalone_openai;
+mod standalone_outcome;
 mod standalone_policies;
 mod standalone_tracing;
