@@ -688,6 +688,27 @@ pub(crate) fn resolve(
 }
 
 #[cfg(test)]
+mod hint_tests {
+    use super::idempotent_hint;
+    use serde_json::json;
+
+    #[test]
+    fn annotations_say_idempotent_or_not_and_silence_keeps_the_default() {
+        let hint = |v: serde_json::Value| idempotent_hint(Some(&v));
+        assert_eq!(idempotent_hint(None), None);
+        assert_eq!(hint(json!({})), None);
+        assert_eq!(hint(json!({"readOnlyHint": true})), Some(true));
+        assert_eq!(
+            hint(json!({"idempotentHint": true, "destructiveHint": true})),
+            Some(true)
+        );
+        assert_eq!(hint(json!({"idempotentHint": false})), Some(false));
+        assert_eq!(hint(json!({"destructiveHint": true})), Some(false));
+        assert_eq!(hint(json!({"destructiveHint": false})), None);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
