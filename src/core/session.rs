@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod outcome;
 mod task;
-pub use outcome::{tool_rule, OnUnknownOutcome};
+pub use outcome::{reason as unknown_outcome_reason, tool_rule, OnUnknownOutcome};
 pub use task::{next_poll, MAX_POLL_MS, MIN_POLL_MS, TASK_BY};
 
 /// How many times a failing model call is retried before the session fails

@@ -133,6 +133,12 @@ fn ask_sends_the_payment_once_and_the_persons_answer_reaches_the_model() {
     );
     assert_eq!(cont.spec.tool_call.arguments, r#"{"eur":5}"#);
     let token = cont.spec.token.0.clone();
+    let pending = s.run(&["session", "pending", "shop"]);
+    let listed = pending.ok();
+    assert!(
+        listed.contains("run-again") && listed.contains("started at about"),
+        "{listed}"
+    );
     // A person checked the payment provider: it went through.
     let completed = s.run(&["session", "complete", &token, "--text", "paid, receipt 17"]);
     completed.ok();
