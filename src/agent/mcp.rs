@@ -6,7 +6,7 @@
 use super::RunnableAgent;
 use crate::api::agent::{McpServerStatus, McpToolStatus, ToolSpec};
 use crate::api::convert::env_var;
-use crate::core::session::ToolInfo;
+use crate::core::session::{tool_rule, ToolInfo};
 use crate::core::{policy, Disposition, ToolCall};
 use crate::tools::mcp::{DiscoverError, Endpoint, McpServerDef, ServerListing};
 
@@ -37,6 +37,8 @@ pub fn servers(tools: &[ToolSpec]) -> Vec<McpServerDef> {
                 name: t.name.clone(),
                 endpoint,
                 only: m.tools.clone(),
+                idempotent: t.idempotent,
+                on_unknown_outcome: t.on_unknown_outcome,
             })
         })
         .collect()
@@ -81,11 +83,17 @@ impl RunnableAgent {
             let spec = format!("{:?}", server);
             for tool in &listing.tools {
                 self.check_not_isolated(&tool.name, &listing.server)?;
+                let unknown_outcome = tool_rule(
+                    server.idempotent,
+                    tool.idempotent_hint,
+                    server.on_unknown_outcome,
+                );
                 self.config.tools.insert(
                     tool.name.clone(),
                     ToolInfo {
                         container: None,
                         sub_agent: None,
+                        unknown_outcome,
                     },
                 );
                 // A changed server or schema never reuses cached results.
@@ -162,6 +170,7 @@ mod tests {
             name: name.into(),
             description: "d".repeat(5000),
             input_schema: Some(json!({"type": "object", "description": "x".repeat(bytes)})),
+            idempotent_hint: None,
         };
         let mut tools = vec![tool("small", 10), tool("big", 5000)];
         tools.extend((0..40).map(|i| tool(&format!("t{i}"), 3000)));

@@ -378,6 +378,25 @@ pub struct ToolSpec {
     /// `parameters` come from the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<McpServerSpec>,
+    /// Whether the tool honours the idempotency key it is sent (the
+    /// `Idempotency-Key` header, the envelope's `idempotencyKey`): a run
+    /// whose driver died without a result is then sent again under the
+    /// same key, and the tool does its work once. Unset: `true`, except
+    /// for an MCP server's tools, where the server's `idempotentHint` and
+    /// `destructiveHint` annotations decide (this setting overrides them).
+    /// `false`: such a run is never sent again on its own; see
+    /// `onUnknownOutcome`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// For a tool that is not idempotent: what happens when a run's
+    /// outcome is unknown (its driver died or lost its claim before a
+    /// result came back). `ask` (the default): the call waits for a
+    /// person (`waitingFor: outcome`), who completes it with the real
+    /// result or answers `agents session run-again TOKEN`; `fail`: the
+    /// model gets an error result saying the outcome is unknown; `retry`:
+    /// sent again under the same key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unknown_outcome: Option<crate::core::session::OnUnknownOutcome>,
     /// Another Agent of the namespace, as a tool: each call runs as a child
     /// Session of that Agent, whose final answer is the call's result. The
     /// model calls it with `{"prompt": "..."}` plus any `parameters`

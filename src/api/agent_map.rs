@@ -3,12 +3,13 @@
 
 use super::agent::{
     AgentSpec, ApprovalPolicySpec, ApprovalSetting, ApproversSpec, ContainerTool, DecoratorsSpec,
-    DispositionMode, EnvVar, EnvVarSource, OnTimeoutMode, PolicySpec, SecretKeyRef,
+    DispositionMode, EnvVar, EnvVarSource, OnTimeoutMode, PolicySpec, SecretKeyRef, ToolSpec,
 };
 use super::convert::{err, ConvertError};
 use super::session::{AppliedDecoratorsStatus, AppliedPolicyStatus, LimitsSpec};
 use crate::core::policy::{AppliedPolicy, ApprovalPolicy, Decorators, OnTimeout, Rule};
 use crate::core::policy::{EnvVarSpec, SecretKeyRef as CoreSecretKeyRef};
+use crate::core::session::tool_rule;
 use crate::core::session::ToolInfo;
 use crate::core::*;
 use std::collections::BTreeMap;
@@ -41,12 +42,14 @@ fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInf
                 format!("tool name {name:?} is used twice"),
             ));
         }
+        unknown_outcome_is_meaningful(tool, &at)?;
         if let Some(agent) = &tool.agent {
             crate::core::ids::validate_name("agent tool's Agent", &agent.agent_ref)
                 .map_err(|e| err(format!("{at}.agent.ref"), e))?;
             let info = ToolInfo {
                 container: None,
                 sub_agent: Some(agent.agent_ref.clone()),
+                unknown_outcome: tool_rule(tool.idempotent, None, tool.on_unknown_outcome),
             };
             tools.insert(name.to_string(), info);
             continue;
@@ -68,13 +71,41 @@ fn tool_infos(agent: &AgentSpec, field: &str) -> Result<BTreeMap<String, ToolInf
             continue;
         }
         let container = tool.container.as_ref().map(isolation_spec);
+        let unknown_outcome = tool_rule(tool.idempotent, None, tool.on_unknown_outcome);
         let info = ToolInfo {
             container,
             sub_agent: None,
+            unknown_outcome,
         };
         tools.insert(tool.name.clone(), info);
     }
     Ok(tools)
+}
+
+/// `onUnknownOutcome` says what happens to a tool that is not
+/// idempotent: on any other tool it would do nothing, so it is refused
+/// rather than ignored. (An MCP server's tools may be marked not
+/// idempotent by the server, so there it needs only `idempotent` unset.)
+fn unknown_outcome_is_meaningful(tool: &ToolSpec, at: &str) -> Result<(), ConvertError> {
+    let Some(rule) = tool.on_unknown_outcome else {
+        return Ok(());
+    };
+    let idempotent = match tool.idempotent {
+        Some(i) => i,
+        None => tool.mcp.is_none(),
+    };
+    if idempotent {
+        return Err(err(
+            format!("{at}.onUnknownOutcome"),
+            format!(
+                "onUnknownOutcome: {} applies only to a tool that is not idempotent, and tool {:?} is (idempotent is {}); set idempotent: false, or remove onUnknownOutcome",
+                rule.name(),
+                tool.name,
+                if tool.idempotent.is_some() { "true" } else { "unset, which means true" },
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Every tool that would run isolated must know where (an image or a

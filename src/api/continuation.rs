@@ -39,7 +39,7 @@ use super::{conditions_schema, tool_result_schema};
     validation = Rule::new(DECISION_KEPT).message("status.decision is already set and cannot change or be removed: the call was already decided"),
     validation = Rule::new(DECISIONS_KEPT).message("status.decisions only grows: a decision, once written, cannot change or be removed"),
     validation = Rule::new(EDITS_ALLOWED).message("this call's policy does not let approvers edit its arguments (approval.allowEdit is not set): decide without arguments"),
-    validation = Rule::new(OUTSIDE_ONLY_WHEN_AWAITED).message("this call is run by the operator (spec.policy.disposition is runSync, runAsync or runIsolated), so only its run completes it; an outside result is taken only by a call whose disposition is defer"),
+    validation = Rule::new(OUTSIDE_ONLY_WHEN_AWAITED).message("this call is run by the operator (spec.policy.disposition is runSync, runAsync or runIsolated), so only its run completes it; an outside result is taken only by a call whose disposition is defer, or whose run's outcome is unknown (waitingFor: outcome)"),
     validation = Rule::new(SUCCESS_NEEDS_APPROVAL).message("this call needs an approval before a success result: approve it first (agents session approve TOKEN); an error result (a timeout, a denial, a cancellation) is always accepted"),
     printcolumn = r#"{"name":"Session","type":"string","jsonPath":".spec.session","description":"Owning session"}"#,
     printcolumn = r#"{"name":"Tool","type":"string","jsonPath":".spec.toolCall.name","description":"Tool called"}"#,
@@ -83,11 +83,13 @@ pub const DECISIONS_KEPT: &str = "!has(oldSelf.status) || !has(oldSelf.status.de
 /// Edited arguments only where the policy has `allowEdit`.
 pub const EDITS_ALLOWED: &str = "!has(self.status) || (has(self.spec.policy.approvalPolicy) && has(self.spec.policy.approvalPolicy.allowEdit) && self.spec.policy.approvalPolicy.allowEdit) || ((!has(self.status.decision) || !has(self.status.decision.arguments)) && (!has(self.status.decisions) || self.status.decisions.all(d, !has(d.arguments))))";
 
-/// A new outcome comes from outside only for a `defer` call. The operator
+/// A new outcome comes from outside only for a `defer` call, or a call
+/// whose run's outcome is unknown (it already waited for a person to say
+/// what it was: `waitingFor: outcome`, set by the operator). The operator
 /// writes as `agents` (or `cache`); a denial's error result is written
 /// under the decider's name. (Who may claim which name is the business of
 /// RBAC and admission policy; this rule keeps honest clients honest.)
-pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || self.status.outcome.completedBy in ['agents', 'cache', 'mcp-task'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved) || (self.status.outcome.result.status == 'error' && has(self.status.decisions) && self.status.decisions.exists(d, !d.approved))";
+pub const OUTSIDE_ONLY_WHEN_AWAITED: &str = "!has(self.status) || !has(self.status.outcome) || (has(oldSelf.status) && has(oldSelf.status.outcome)) || self.spec.policy.disposition == 'defer' || (has(oldSelf.status) && has(oldSelf.status.waitingFor) && oldSelf.status.waitingFor == 'outcome') || self.status.outcome.completedBy in ['agents', 'cache', 'mcp-task'] || (self.status.outcome.result.status == 'error' && has(self.status.decision) && !self.status.decision.approved) || (self.status.outcome.result.status == 'error' && has(self.status.decisions) && self.status.decisions.exists(d, !d.approved))";
 
 /// A success outcome on a call whose policy asks for approval needs an
 /// approving decision; error outcomes (a timeout while waiting, the error

@@ -402,6 +402,20 @@ pub enum SessionCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Run again a call whose outcome is unknown (`waitingFor: outcome`:
+    /// a tool that is not idempotent, whose run's driver died before it
+    /// answered). Check first that it did not take effect; otherwise
+    /// complete it with the real result (`agents session complete`).
+    RunAgain {
+        /// The continuation token (see `agents session pending`).
+        token: String,
+        /// Who answers (standalone: default $USER); in a cluster, your
+        /// user name as the API server knows it, which is the default.
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Approve a call that waits for approval; it then runs per its policy.
     Approve {
         token: String,

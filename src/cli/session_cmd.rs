@@ -52,6 +52,7 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         SessionCommand::Complete { token, by, .. }
         | SessionCommand::Answer { token, by, .. }
         | SessionCommand::Approve { token, by, .. }
+        | SessionCommand::RunAgain { token, by, .. }
         | SessionCommand::Deny { token, by, .. } => {
             check_name("token", token)?;
             if let Some(by) = by {
@@ -118,6 +119,9 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         } => {
             let arguments = args_file.map(|path| read_file(&path)).transpose()?;
             commands::decide(&token, true, None, by.as_deref(), arguments, &sel(&store)).await
+        }
+        SessionCommand::RunAgain { token, by, store } => {
+            commands::run_again(&token, by.as_deref(), &sel(&store)).await
         }
         SessionCommand::Deny {
             token,

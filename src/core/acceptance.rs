@@ -180,6 +180,8 @@ pub fn result(held: &Held<'_>, result: &ToolResult, by: &str) -> Verdict {
         _ => Verdict::Write,
     };
     match (refusal, held.runs_by_itself) {
+        // Its run's outcome is unknown: a person says what it was.
+        (Verdict::Write, Some(_)) if held.waiting_for == WaitingFor::Outcome => Verdict::Write,
         (Verdict::Write, Some(how)) => Verdict::Refused(format!(
             "its policy runs it ({how}), so only that run completes it; an outside result is taken only by a call that waits for one (disposition defer)"
         )),
@@ -295,6 +297,14 @@ mod tests {
             result(&denied, &denial("ann", Some("no")), "ann"),
             Verdict::Write
         );
+    }
+
+    #[test]
+    fn a_person_tells_an_unknown_outcome() {
+        let mut h = held(None, None);
+        h.runs_by_itself = Some("runSync");
+        h.waiting_for = WaitingFor::Outcome;
+        assert_eq!(result(&h, &ToolResult::text("sent"), "ann"), Verdict::Write);
     }
 
     #[test]

@@ -101,6 +101,11 @@ pub enum WaitingFor {
     McpTask,
     /// A child Session (an `agent` tool): its final answer is the result.
     SubAgent,
+    /// A person: an attempt of a tool that is not idempotent was claimed
+    /// by a driver that is gone, and nobody knows whether it took effect
+    /// (`onUnknownOutcome: ask`). They give the real result, or say "run
+    /// it again".
+    Outcome,
 }
 
 /// A task an MCP server made of a `tools/call`: its id, and how often the
@@ -224,6 +229,11 @@ pub enum Wait {
     McpTask {
         asks: Option<String>,
     },
+    /// A person says what came of the attempt `lost` claimed (its holder
+    /// is gone); it is kept to show who ran it and when.
+    Outcome {
+        lost: Claim,
+    },
 }
 
 impl Wait {
@@ -235,6 +245,13 @@ impl Wait {
             WaitingFor::Isolated => Wait::Isolated(Attempt::Unclaimed),
             WaitingFor::McpTask => Wait::McpTask { asks: None },
             WaitingFor::SubAgent => Wait::SubAgent(Attempt::Unclaimed),
+            // Made only by `TrackedToolCall::lose_outcome`, which has the claim.
+            WaitingFor::Outcome => Wait::Outcome {
+                lost: Claim {
+                    holder: String::new(),
+                    until: Millis(0),
+                },
+            },
         }
     }
 
@@ -246,20 +263,21 @@ impl Wait {
             Wait::Isolated(_) => WaitingFor::Isolated,
             Wait::McpTask { .. } => WaitingFor::McpTask,
             Wait::SubAgent(_) => WaitingFor::SubAgent,
+            Wait::Outcome { .. } => WaitingFor::Outcome,
         }
     }
 
     pub fn attempt(&self) -> Option<&Attempt> {
         match self {
             Wait::Background(a) | Wait::Isolated(a) | Wait::SubAgent(a) => Some(a),
-            Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
+            Wait::Approval | Wait::External | Wait::McpTask { .. } | Wait::Outcome { .. } => None,
         }
     }
 
     fn attempt_mut(&mut self) -> Option<&mut Attempt> {
         match self {
             Wait::Background(a) | Wait::Isolated(a) | Wait::SubAgent(a) => Some(a),
-            Wait::Approval | Wait::External | Wait::McpTask { .. } => None,
+            Wait::Approval | Wait::External | Wait::McpTask { .. } | Wait::Outcome { .. } => None,
         }
     }
 }
@@ -429,7 +447,9 @@ impl TrackedToolCall {
     pub fn has_continuation(&self) -> bool {
         // A task outlives the process that made it: its continuation holds
         // the handle for anyone to see (and the deletion that cancels it).
+        // So does a wait for a person to tell an unknown outcome.
         self.task.is_some()
+            || self.lost_attempt().is_some()
             || !matches!(
                 self.policy.disposition,
                 super::policy::Disposition::RunAsync
@@ -596,6 +616,52 @@ impl TrackedToolCall {
             wait: Wait::McpTask { asks: None },
             deadline,
         };
+        Ok(())
+    }
+
+    /// The attempt that `lost` claimed has no result and its holder is
+    /// gone: the call waits for a person to say what came of it, under
+    /// `token` (from Running, or a background or isolated wait). Like
+    /// `become_task`, a move outside the table: no new attempt starts.
+    pub fn lose_outcome(
+        &mut self,
+        token: ContinuationToken,
+        lost: Claim,
+    ) -> Result<(), TransitionError> {
+        match &self.stage {
+            CallStage::Running(_)
+            | CallStage::Deferred {
+                wait: Wait::Background(_) | Wait::Isolated(_),
+                ..
+            } => {}
+            _ => return Err(self.refused(CallState::Deferred)),
+        }
+        self.token = Some(token);
+        self.stage = CallStage::Deferred {
+            wait: Wait::Outcome { lost },
+            deadline: None,
+        };
+        Ok(())
+    }
+
+    /// The attempt whose outcome is unknown, while a person is asked.
+    pub fn lost_attempt(&self) -> Option<&Claim> {
+        match &self.stage {
+            CallStage::Deferred {
+                wait: Wait::Outcome { lost },
+                ..
+            } => Some(lost),
+            _ => None,
+        }
+    }
+
+    /// A person answered "run it again": the call is Ready, and runs
+    /// per its policy under the same idempotency key.
+    pub fn run_again(&mut self) -> Result<(), TransitionError> {
+        if self.lost_attempt().is_none() {
+            return Err(self.refused(CallState::Ready));
+        }
+        self.stage = CallStage::Ready;
         Ok(())
     }
 

@@ -109,8 +109,9 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
 }
 
 /// What most needs a person first, and each wait's condition reason.
-const WAITS: [(WaitingFor, &str); 6] = [
+const WAITS: [(WaitingFor, &str); 7] = [
     (WaitingFor::Approval, "AwaitingApproval"),
+    (WaitingFor::Outcome, "AwaitingOutcome"),
     (WaitingFor::External, "AwaitingExternal"),
     (WaitingFor::McpTask, "AwaitingMcpTask"),
     (WaitingFor::Isolated, "AwaitingJob"),
@@ -147,6 +148,7 @@ fn waiting(state: &SessionState) -> Condition {
                 Some(WaitingFor::McpTask) if c.task_asks().is_some() => "MCP task asking for input",
                 Some(WaitingFor::McpTask) => "MCP task",
                 Some(WaitingFor::SubAgent) => "sub-agent",
+                Some(WaitingFor::Outcome) => "a person to tell an unknown outcome",
                 None => "?",
             };
             c.token().map(|t| format!("{t} ({}, {what})", c.call.name))

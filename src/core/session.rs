@@ -32,8 +32,10 @@ use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+mod outcome;
 pub mod subagent;
 mod task;
+pub use outcome::{reason as unknown_outcome_reason, tool_rule, OnUnknownOutcome};
 pub use task::{next_poll, MAX_POLL_MS, MIN_POLL_MS, TASK_BY};
 
 /// How many times a failing model call is retried before the session fails
@@ -138,7 +140,7 @@ impl DriverRole {
                 Wait::McpTask { .. } => self.model,
                 // Made by the driver that calls the model (a worker makes none).
                 Wait::SubAgent(_) => self.model,
-                Wait::Approval | Wait::External => false,
+                Wait::Approval | Wait::External | Wait::Outcome { .. } => false,
             },
             CallStage::Ready | CallStage::Completed(_) | CallStage::Failed(_) => false,
         }
@@ -163,6 +165,10 @@ pub struct ToolInfo {
     pub container: Option<IsolationSpec>,
     /// Set for `agent` tools: the Agent a call runs as a child Session.
     pub sub_agent: Option<String>,
+    /// Set for a tool that is not idempotent: what happens when an
+    /// attempt's outcome is unknown. `None`: the tool honours the
+    /// idempotency key, and a lost attempt is sent again under it.
+    pub unknown_outcome: Option<OnUnknownOutcome>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -502,6 +508,13 @@ pub enum Event {
         result: ToolResult,
         by: String,
     },
+    /// A person answered "run it again" (at `decided_at`) to a call whose
+    /// outcome is unknown (`waitingFor: outcome`).
+    RunAgain {
+        token: ContinuationToken,
+        by: String,
+        decided_at: Millis,
+    },
     Decide {
         token: ContinuationToken,
         approved: bool,
@@ -793,6 +806,11 @@ impl Session {
             Event::Wake { token, result, by } => {
                 self.on_wake(&token, result, &by, now).map(Handled::Wake)
             }
+            Event::RunAgain {
+                token, decided_at, ..
+            } => self
+                .on_run_again(&token, decided_at, now)
+                .map(Handled::Wake),
             Event::Decide {
                 token,
                 approved,
@@ -1471,6 +1489,12 @@ impl Session {
         if self.state.paused || self.state.phase.is_final() {
             return;
         }
+        // A lost attempt of a tool that is not idempotent is never
+        // started again on its own: its rule is applied first.
+        self.settle_unknown_outcomes(now);
+        if self.state.paused || self.state.phase.is_final() {
+            return;
+        }
         // Per call, in call order: its continuation, then its start.
         let (mut planned, mut starts) = self.plan_calls(now, ensure);
         if let Some(call_model) = self.plan_model(now, ensure) {
@@ -1818,6 +1842,7 @@ fn comes_from_outside(event: &Event) -> bool {
         Event::AttemptFinished { .. }
             | Event::Wake { .. }
             | Event::Decide { .. }
+            | Event::RunAgain { .. }
             | Event::TaskAsks { .. }
             | Event::TaskEnded { .. }
     )
@@ -1837,6 +1862,7 @@ fn ensure_action(
         (_, WaitingFor::McpTask) => call
             .task()
             .map(|t| format!("waiting for MCP task {}", t.id)),
+        (_, WaitingFor::Outcome) => outcome::reason(call, config.default_tool_timeout_secs),
         (Disposition::Defer { reason }, _) => Some(reason.clone()),
         _ => None,
     };
@@ -1964,6 +1990,8 @@ fn time_out(call: &mut TrackedToolCall, now: Millis) -> Option<Action> {
         // is recorded.
         Wait::SubAgent(_) => ("the sub-agent", CallState::Completed),
         Wait::McpTask { .. } => ("its MCP task", CallState::Completed),
+        // Never given a deadline: the person decides in their own time.
+        Wait::Outcome { .. } => ("a person", CallState::Completed),
     };
     let secs = call.policy.decorators.timeout_seconds.unwrap_or(0);
     let result = ToolResult::error(format!("timed out after {secs}s waiting for {what}"));

@@ -224,5 +224,6 @@ pub fn waiting_for_text(w: WaitingFor) -> &'static str {
         WaitingFor::External => "an outside result",
         WaitingFor::McpTask => "an MCP task",
         WaitingFor::SubAgent => "a sub-agent",
+        WaitingFor::Outcome => "a person to tell an unknown outcome",
     }
 }

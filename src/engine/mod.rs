@@ -675,6 +675,18 @@ fn apply_record(
             );
         }
     }
+    if let (Some(WaitingFor::Outcome), Some(dec)) = (waiting, &rec.decision) {
+        // On a wait for an unknown outcome, an approval means "run it
+        // again"; the core ignores one given to an earlier loss.
+        if dec.approved {
+            let again = Event::RunAgain {
+                token: token.clone(),
+                by: dec.by.clone(),
+                decided_at: dec.at,
+            };
+            refuse_logged(&sid, "run-again answer", session.handle(again, now));
+        }
+    }
     let still_deferred = session.state().find_call(&token).is_some_and(|c| {
         c.state() == CallState::Deferred && c.waiting_for() != Some(WaitingFor::Approval)
     });

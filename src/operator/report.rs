@@ -135,6 +135,7 @@ fn deferred_as(waiting_for: WaitingFor) -> &'static str {
         WaitingFor::External => "defer",
         WaitingFor::McpTask => "mcpTask",
         WaitingFor::SubAgent => "subAgent",
+        WaitingFor::Outcome => "outcome",
     }
 }
 

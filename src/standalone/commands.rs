@@ -728,6 +728,48 @@ pub async fn decide(
     }
 }
 
+/// `agents session run-again TOKEN`: the answer "run it again" to a call
+/// whose outcome is unknown (`waitingFor: outcome`). It is recorded as an
+/// approving decision, which on such a wait means: send the call again,
+/// under its same idempotency key.
+pub async fn run_again(token: &str, by: Option<&str>, sel: &StoreSel) -> anyhow::Result<ExitCode> {
+    let (store, token, record) = open_continuation(sel, token).await?;
+    let by = &signer(&store, by).await?;
+    if record.spec.waiting_for != WaitingFor::Outcome {
+        bail!(
+            "{token} does not wait for a person to tell an unknown outcome (it waits for {}); only such a call can be run again by hand",
+            waiting_for_text(record.spec.waiting_for)
+        );
+    }
+    if let Some(d) = &record.decision {
+        bail!(
+            "{token} already holds a decision (by {}, an approval of the call before it ran), and a decision is written once; complete it with the real result instead (`agents session complete {token}`), or with --error to tell the model it did not run",
+            d.by
+        );
+    }
+    let decision = Decision {
+        approved: true,
+        by: by.to_string(),
+        reason: Some("run again".into()),
+        at: now(),
+        arguments: None,
+    };
+    match store.decide(&token, &decision).await? {
+        WriteOnce::Recorded | WriteOnce::AlreadySame { .. } => {
+            out::line(&format!(
+                "{token} ({}) runs again under its same idempotency key",
+                record.spec.tool_call.name
+            ));
+            print_next_step(&store, &record.spec.session, sel).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        WriteOnce::AlreadyDifferent { by, .. } => {
+            out::err_line(&format!("error: {token} was already decided the other way by {by}; a decision cannot change"));
+            Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
+        }
+    }
+}
+
 /// `agents session run-isolated SESSION`: an external worker. Steps the
 /// session with the process runner, starting isolated runs only: each is
 /// claimed before it starts, so workers racing on one session run each

@@ -6,6 +6,7 @@
 use super::progress::{shell_quote, PendingCall, Progress};
 use crate::agent::{AgentModel, AgentTools, RunnableAgent};
 use crate::core::envelope::CallEnvelope;
+use crate::core::session::DEFAULT_TOOL_TIMEOUT_SECS;
 use crate::core::{Disposition, Millis, SessionId, SessionState, WaitingFor};
 use crate::engine::{
     self, AgentRuntime, Clock, EngineError, Holder, Ports, Roles, RunKind, RunStatus, RunnerPort,
@@ -300,6 +301,9 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 (Some(WaitingFor::McpTask), _) => {
                     format!("agents session resume {sid_q}{flag}")
                 }
+                (Some(WaitingFor::Outcome), _) => format!(
+                    "agents session complete {token_q} --text RESULT{flag}   (or, once you know it did not take effect: agents session run-again {token_q}{flag})"
+                ),
                 _ => format!("agents session complete {token_q} --text RESULT{flag}"),
             };
             Some(PendingCall {
@@ -309,6 +313,9 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 waiting_for: c.waiting_for(),
                 reason: match (&c.policy.disposition, c.task_asks()) {
                     (_, Some(asks)) => Some(format!("the MCP task asks: {asks}")),
+                    _ if c.lost_attempt().is_some() => {
+                        crate::core::session::unknown_outcome_reason(c, DEFAULT_TOOL_TIMEOUT_SECS)
+                    }
                     (Disposition::Defer { reason }, _) => Some(reason.clone()),
                     _ => None,
                 },

@@ -83,6 +83,10 @@ pub struct McpServerDef {
     pub endpoint: Endpoint,
     /// The tools to offer (`tools:`); empty: all the server lists.
     pub only: Vec<String>,
+    /// The Agent's own `idempotent` for this server's tools (it overrides
+    /// the server's annotations), and its `onUnknownOutcome`.
+    pub idempotent: Option<bool>,
+    pub on_unknown_outcome: Option<crate::core::session::OnUnknownOutcome>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +119,26 @@ pub struct McpTool {
     pub name: String,
     pub description: String,
     pub input_schema: Option<Value>,
+    /// Whether the server's annotations say the tool is idempotent; `None`
+    /// when they do not say.
+    pub idempotent_hint: Option<bool>,
+}
+
+/// What a tool's annotations say of repeating it: idempotent when it only
+/// reads (`readOnlyHint`) or says so (`idempotentHint: true`); not when it
+/// says `idempotentHint: false` or `destructiveHint: true`. A server that
+/// sends no annotations says nothing, and the tool keeps the default
+/// (idempotent): the protocol's own defaults would make every such tool
+/// "destructive and not idempotent", which most servers never meant.
+pub fn idempotent_hint(annotations: Option<&Value>) -> Option<bool> {
+    let hint = |k: &str| annotations?.get(k)?.as_bool();
+    if hint("readOnlyHint") == Some(true) || hint("idempotentHint") == Some(true) {
+        return Some(true);
+    }
+    if hint("idempotentHint") == Some(false) || hint("destructiveHint") == Some(true) {
+        return Some(false);
+    }
+    None
 }
 
 /// What listing one server found.
@@ -473,6 +497,7 @@ fn parse_tool(t: &Value) -> Result<McpTool, McpError> {
             .map(|d| crate::http::clip(d, 4096).to_string())
             .unwrap_or_default(),
         input_schema: t.get("inputSchema").cloned(),
+        idempotent_hint: idempotent_hint(t.get("annotations")),
     })
 }
 
@@ -659,6 +684,27 @@ pub(crate) fn resolve(
                 }),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::idempotent_hint;
+    use serde_json::json;
+
+    #[test]
+    fn annotations_say_idempotent_or_not_and_silence_keeps_the_default() {
+        let hint = |v: serde_json::Value| idempotent_hint(Some(&v));
+        assert_eq!(idempotent_hint(None), None);
+        assert_eq!(hint(json!({})), None);
+        assert_eq!(hint(json!({"readOnlyHint": true})), Some(true));
+        assert_eq!(
+            hint(json!({"idempotentHint": true, "destructiveHint": true})),
+            Some(true)
+        );
+        assert_eq!(hint(json!({"idempotentHint": false})), Some(false));
+        assert_eq!(hint(json!({"destructiveHint": true})), Some(false));
+        assert_eq!(hint(json!({"destructiveHint": false})), None);
     }
 }
 

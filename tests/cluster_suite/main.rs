@@ -20,6 +20,7 @@ mod cluster_long;
 mod cluster_mcp;
 mod cluster_notify;
 mod cluster_operator;
+mod cluster_outcome;
 mod cluster_prometheus;
 mod cluster_secrets;
 mod cluster_slots;

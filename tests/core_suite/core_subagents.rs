@@ -18,6 +18,7 @@ fn config(lineage: Lineage) -> SessionConfig {
         ToolInfo {
             container: None,
             sub_agent: Some("researcher".into()),
+            unknown_outcome: None,
         },
     );
     tools.insert("lookup".to_string(), ToolInfo::default());

@@ -20,6 +20,7 @@ mod standalone_examples;
 mod standalone_hardening;
 mod standalone_mcp;
 mod standalone_openai;
+mod standalone_outcome;
 mod standalone_policies;
 mod standalone_subagents;
 mod standalone_tracing;

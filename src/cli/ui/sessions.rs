@@ -132,6 +132,7 @@ pub fn wait_name(w: Option<WaitingForName>) -> &'static str {
         Some(WaitingForName::External) => "external",
         Some(WaitingForName::McpTask) => "mcpTask",
         Some(WaitingForName::SubAgent) => "subAgent",
+        Some(WaitingForName::Outcome) => "outcome",
         None => "",
     }
 }

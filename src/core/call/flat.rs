@@ -77,7 +77,11 @@ impl From<TrackedToolCall> for FlatCall {
         let state = c.state();
         let (waiting_for, deadline) = (c.waiting_for(), c.deadline());
         let task_asks = c.task_asks().map(str::to_string);
-        let (claim, retry_at) = c.attempt().cloned().unwrap_or_default().into_parts();
+        let (claim, retry_at) = match c.lost_attempt() {
+            // The claim of the attempt whose outcome a person is asked for.
+            Some(lost) => (Some(lost.clone()), None),
+            None => c.attempt().cloned().unwrap_or_default().into_parts(),
+        };
         let (result, completed_by) = match c.stage.into_outcome() {
             Some(o) => (Some(o.result), Some(o.by)),
             None => (None, None),
@@ -176,6 +180,10 @@ fn deferred(f: &FlatCall, attempt: Attempt) -> Result<CallStage, &'static str> {
         (WaitingFor::Background, a) => Wait::Background(a),
         (WaitingFor::Isolated, a) => Wait::Isolated(a),
         (WaitingFor::SubAgent, a) => Wait::SubAgent(a),
+        (WaitingFor::Outcome, Attempt::Claimed(lost)) => Wait::Outcome { lost },
+        (WaitingFor::Outcome, _) => {
+            return Err("waits for a person to tell an unknown outcome but names no attempt")
+        }
         (_, Attempt::Claimed(_) | Attempt::RetryAt(_)) => {
             return Err("is claimed or waiting to retry but waits on no run of ours")
         }

@@ -59,6 +59,7 @@ async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name(
         ToolInfo {
             container: None,
             sub_agent: Some("researcher".into()),
+            unknown_outcome: None,
         },
     );
     let holder = Holder::named("h");
