@@ -20,6 +20,7 @@ mod cluster_mcp;
 mod cluster_notify;
 mod cluster_operator;
 mod cluster_prometheus;
+mod cluster_quota;
 mod cluster_secrets;
 mod cluster_slots;
 mod cluster_smoke;
