@@ -1073,10 +1073,18 @@ fn backend(e: kube::Error) -> StoreError {
     match e {
         // Throttled (API priority and fairness) or the server (or its etcd)
         // failing for now: the same request may succeed in a moment.
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
-            "the API server answered {} {}: {}",
-            s.code, s.reason, s.message
-        )),
+        // An API server just started refuses requests its admission
+        // policies cannot judge yet (403 "not yet ready to handle request").
+        kube::Error::Api(s)
+            if s.code == 429
+                || s.code >= 500
+                || (s.code == 403 && s.message.contains("not yet ready to handle request")) =>
+        {
+            StoreError::Unavailable(format!(
+                "the API server answered {} {}: {}",
+                s.code, s.reason, s.message
+            ))
+        }
         kube::Error::Api(s) => StoreError::Backend(format!(
             "the API server answered {} {}: {}",
             s.code, s.reason, s.message
@@ -1582,6 +1590,30 @@ mod tests {
         for key in old.earlier.keys() {
             assert_eq!(patch.get(key), Some(&Value::Null), "{key} stays");
         }
+    }
+
+    #[test]
+    fn a_quota_is_a_wait_and_a_server_not_ready_is_away() {
+        let forbidden = |message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            )
+        };
+        let full = forbidden("continuations.agents-exe.io \"s-t1-c0\" is forbidden: exceeded quota: q, requested: count/continuations.agents-exe.io=1, used: count/continuations.agents-exe.io=0, limited: count/continuations.agents-exe.io=0");
+        let held = quota_held("the Continuation s-t1-c0".into(), &full);
+        assert!(held.is_quota() && !held.is_transient(), "{held}");
+        assert!(
+            held.to_string().contains("limited: count/continuations"),
+            "{held}"
+        );
+        let starting = backend(forbidden("not yet ready to handle request"));
+        assert!(starting.is_transient(), "{starting}");
+        let rbac = backend(forbidden(
+            "User \"x\" cannot patch resource \"continuations/status\"",
+        ));
+        assert!(!rbac.is_transient() && !rbac.is_quota(), "{rbac}");
     }
 
     #[test]
