@@ -204,8 +204,9 @@ fn notified_marks(ns: &str) -> usize {
     out.lines().filter(|l| *l == "Sent").count()
 }
 
-/// The namespace's people: the chart's completer role and approvals
-/// policy, and a service account (with a kubeconfig) per approver.
+/// The namespace's people: the chart's roles and approvals policy, a
+/// service account (with a kubeconfig) per approver, and the operator's
+/// (the policy lets only it write the notification record), last.
 fn people(ns: &str) -> (ClusterScoped, Vec<PathBuf>) {
     let scoped = ClusterScoped(vec![
         format!("clusterrole/{ns}-operator"),
@@ -224,10 +225,21 @@ fn people(ns: &str) -> (ClusterScoped, Vec<PathBuf>) {
             "--show-only",
             "templates/rbac.yaml",
             "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
             "templates/approvals-policy.yaml",
         ],
     );
     apply(ns, &manifests);
+    kubectl_ok([
+        "create",
+        "rolebinding",
+        "operator-here",
+        "-n",
+        ns,
+        &format!("--clusterrole={ns}-operator"),
+        &format!("--serviceaccount={ns}:{ns}-operator"),
+    ]);
     let mut configs = Vec::new();
     for sa in APPROVERS {
         kubectl_ok(["create", "serviceaccount", sa, "-n", ns]);
@@ -242,6 +254,10 @@ fn people(ns: &str) -> (ClusterScoped, Vec<PathBuf>) {
         ]);
         configs.push(support::service_account_kubeconfig(ns, sa));
     }
+    configs.push(support::service_account_kubeconfig(
+        ns,
+        &format!("{ns}-operator"),
+    ));
     // The policy takes a moment to be enforced after it is created.
     std::thread::sleep(Duration::from_secs(2));
     (scoped, configs)
@@ -270,7 +286,7 @@ async fn approvals_survive_api_server_and_etcd_restarts_while_people_decide() {
     let op = support::launcher::Operator::start(
         BIN,
         "approval-restarts",
-        &support::kubeconfig_path().unwrap(),
+        &configs[2],
         &["-n", &ns.name],
         &[],
     );
