@@ -13,7 +13,8 @@
 //!   for an operator killed between its claim and the webhook's answer).
 //!
 //! It takes the cluster down in turns: run it alone, under
-//! `flock -x /work/cluster.lock`. It leaves the cluster up and answering.
+//! `flock -x /work/cluster.lock`. It leaves the cluster up and answering,
+//! and the components it restarts hold no descriptor of that lock.
 
 use crate::support;
 
@@ -31,11 +32,23 @@ const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const SESSIONS: usize = 50;
 const APPROVERS: [&str; 2] = ["approver-a", "approver-b"];
 
+/// `tests/cluster/chaos ARGS`, with no file descriptor of this process
+/// but stdin, stdout and stderr: the components it starts again outlive
+/// the test, and one holding an inherited descriptor of the cluster lock
+/// (`flock -x /work/cluster.lock`) would hold the lock for ever.
 fn chaos(args: &[&str]) -> Output {
-    let out = Command::new(support::repo_root().join("tests/cluster/chaos"))
-        .args(args)
-        .output()
-        .expect("run tests/cluster/chaos");
+    let mut command = Command::new(support::repo_root().join("tests/cluster/chaos"));
+    command.args(args);
+    // SAFETY: only close(2), async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            for fd in 3..4096 {
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let out = command.output().expect("run tests/cluster/chaos");
     eprintln!(
         "chaos {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
