@@ -9,6 +9,7 @@ pub mod agent_map;
 pub mod continuation;
 pub mod convert;
 pub mod legacy;
+pub mod quota;
 pub mod session;
 pub mod stored;
 

@@ -123,7 +123,8 @@ impl EngineError {
 
 /// See [`EngineError::counts_against_the_session`].
 pub fn counts_against_the_session(e: &StoreError) -> bool {
-    !e.is_transient() && !matches!(e, StoreError::Conflict { .. })
+    // A quota's refusal is a wait for room, not the session's failure.
+    !e.is_transient() && !e.is_quota() && !matches!(e, StoreError::Conflict { .. })
 }
 
 /// See [`EngineError::is_permanent`].

@@ -71,6 +71,14 @@ impl Error {
         }
     }
 
+    /// Why a ResourceQuota held the step's write, if one did: a wait.
+    fn quota(&self) -> Option<&StoreError> {
+        match self {
+            Error::Store(e) | Error::Engine(EngineError::Store(e)) if e.is_quota() => Some(e),
+            _ => None,
+        }
+    }
+
     fn is_conflict(&self) -> bool {
         matches!(
             self,
@@ -84,6 +92,7 @@ impl Error {
         match self {
             Error::Engine(EngineError::TooManyConflicts(_)) => "conflicts",
             Error::Engine(EngineError::Fenced { .. }) => "fenced",
+            _ if self.quota().is_some() => "quota",
             Error::Engine(EngineError::Store(_)) | Error::Store(_) => "store",
             Error::Kube(_) => "api",
             Error::NoNamespace(_) => "spec",
@@ -178,6 +187,9 @@ pub(super) fn error_policy(session: Arc<Session>, error: &Error, ctx: Arc<Contex
     }
     let n = ctx.failures.failed(&key);
     let backoff = backoff(error, n);
+    if let Some(held) = error.quota() {
+        return held_by_quota(&ctx, &session, held, backoff);
+    }
     if error.counts_against_the_session() {
         ctx.failures.hold(&key, backoff);
         tokio::spawn(count_failed_step(
@@ -204,6 +216,29 @@ fn backoff(error: &Error, failures: u32) -> Duration {
         Duration::from_secs(60)
     };
     Duration::from_millis(250u64.saturating_mul(1 << failures.min(8))).min(cap)
+}
+
+/// A write of the step that a namespace's ResourceQuota refused (a
+/// Continuation, a blob ConfigMap): the session waits for room, said in a
+/// Warning Event (repeats fold into its series), and is looked at again
+/// with a backoff no longer than a Job's quota wait. Nothing is counted:
+/// what the step had not stored is taken up again by the next one.
+fn held_by_quota(ctx: &Context, session: &Session, held: &StoreError, backoff: Duration) -> Action {
+    let retry = backoff.min(crate::runner::job::QUOTA_RETRY);
+    warn!(session = %key(session), error = %held, ?retry, "a ResourceQuota holds the step's write; the session waits");
+    let note = format!(
+        "the session waits for room in the namespace's ResourceQuota, tried again within {} s: {held}",
+        crate::runner::job::QUOTA_RETRY.as_secs()
+    );
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "QuotaExceeded".into(),
+        note: Some(note.chars().take(900).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    publish(ctx, &session.object_ref(&()), event);
+    Action::requeue(retry)
 }
 
 /// Counts a failed step in the session's status; the eighth in a row
@@ -338,6 +373,20 @@ mod tests {
             .is_some_and(|d| d > Duration::from_secs(29)));
         held.succeeded("ns/s");
         assert_eq!(held.remaining("ns/s"), None);
+    }
+
+    #[test]
+    fn a_quotas_refusal_is_a_wait_not_a_counted_failure() {
+        let quota = Error::Engine(EngineError::Store(StoreError::QuotaExceeded {
+            what: "the Continuation c".into(),
+            message: "exceeded quota: q".into(),
+        }));
+        assert!(!quota.counts_against_the_session());
+        assert!(!quota.is_permanent());
+        assert!(quota.quota().is_some());
+        assert_eq!(quota.metric_label(), "quota");
+        let forbidden = Error::Store(StoreError::Backend("403 Forbidden".into()));
+        assert!(forbidden.quota().is_none());
     }
 }
 

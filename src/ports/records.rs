@@ -231,12 +231,22 @@ pub enum StoreError {
     /// error, a timeout, 429, 5xx): the same write may succeed soon.
     #[error("the store is unavailable for now: {0}")]
     Unavailable(String),
+    /// A namespace's ResourceQuota refused to create `what` for now (a
+    /// 403 "exceeded quota"): it goes through once the quota has room, so
+    /// a driver waits and tries again; it is not the session's failure.
+    #[error("the namespace's ResourceQuota has no room for {what} for now ({message}); it goes through once the quota is raised or room is freed")]
+    QuotaExceeded { what: String, message: String },
 }
 
 impl StoreError {
     /// An error that retrying the same request soon may cure.
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
+    }
+
+    /// A ResourceQuota holds the write: a wait, never counted as a failure.
+    pub fn is_quota(&self) -> bool {
+        matches!(self, StoreError::QuotaExceeded { .. })
     }
 }
 

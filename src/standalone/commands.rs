@@ -4,6 +4,7 @@
 use super::any_store::{load_agent, with_mcp_tools, AnyStore};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
+use super::patience;
 use super::progress::{waiting_for_text, Progress};
 use crate::agent::RunnableAgent;
 use crate::api::continuation::MAX_ANSWERS_BYTES;
@@ -527,9 +528,20 @@ async fn signer(store: &AnyStore, by: Option<&str>) -> anyhow::Result<String> {
     }
 }
 
+/// `agents session complete TOKEN`: tried again while the cluster is away
+/// for a moment ([`patience`]).
 pub async fn complete(
     token: &str,
     result: ToolResult,
+    by: Option<&str>,
+    sel: &StoreSel,
+) -> anyhow::Result<ExitCode> {
+    patience::patiently("the result", || complete_once(token, &result, by, sel)).await
+}
+
+async fn complete_once(
+    token: &str,
+    result: &ToolResult,
     by: Option<&str>,
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
@@ -539,7 +551,7 @@ pub async fn complete(
         bail!("{token} waits for an approval, not a result; use `agents session approve {token}` or `agents session deny {token}`");
     }
     let session = record.spec.session.clone();
-    match store.complete(&token, &result, by, now()).await? {
+    match store.complete(&token, result, by, now()).await? {
         WriteOnce::Recorded => {
             out::line(&format!(
                 "completed {token} ({})",
@@ -665,7 +677,23 @@ async fn print_next_step(
     Ok(())
 }
 
+/// `agents session approve|deny TOKEN`: tried again while the cluster is
+/// away for a moment ([`patience`]).
 pub async fn decide(
+    token: &str,
+    approved: bool,
+    reason: Option<String>,
+    by: Option<&str>,
+    arguments: Option<String>,
+    sel: &StoreSel,
+) -> anyhow::Result<ExitCode> {
+    patience::patiently("the decision", || {
+        decide_once(token, approved, reason.clone(), by, arguments.clone(), sel)
+    })
+    .await
+}
+
+async fn decide_once(
     token: &str,
     approved: bool,
     reason: Option<String>,

@@ -8,6 +8,7 @@
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
 //! | [`out`] | stdout that a closed pipe never stops |
+//! | [`patience`] | a person's write from the CLI tried again while the cluster is away for a moment |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
@@ -16,6 +17,7 @@ pub mod commands;
 pub mod definition;
 pub mod driver;
 pub mod out;
+pub mod patience;
 pub mod progress;
 pub mod yaml_depth;
 

@@ -24,6 +24,7 @@
 //!
 //! Sessions are created by `kubectl apply`; nothing here creates one.
 
+use crate::api::quota::exceeded_quota;
 use crate::api::session::{SessionPhase, SessionSpec, SessionStatus};
 use crate::api::{convert, legacy, stored};
 use crate::api::{Agent, Continuation, Session};
@@ -336,6 +337,9 @@ impl KubeStore {
             match self.configmaps.create(&PostParams::default(), &cm).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) if exceeded_quota(&e).is_some() => {
+                    return Err(quota_held(format!("the ConfigMap {}", blob.name), &e))
+                }
                 Err(kube::Error::Api(s)) if s.code == 403 => {
                     return Err(StoreError::Backend(format!(
                         "a result or conversation too large for its object must go into a ConfigMap, and this account may not create ConfigMaps in {}: {}",
@@ -356,8 +360,14 @@ impl KubeStore {
         let review = api
             .create(&PostParams::default(), &SelfSubjectReview::default())
             .await
-            .map_err(|e| {
-                StoreError::Backend(format!("asking the API server who this client is: {e}"))
+            .map_err(|e| match backend(e) {
+                // Away for now: a caller may try again.
+                StoreError::Unavailable(why) => StoreError::Unavailable(format!(
+                    "asking the API server who this client is: {why}"
+                )),
+                other => StoreError::Backend(format!(
+                    "asking the API server who this client is: {other}"
+                )),
             })?;
         review
             .status
@@ -724,6 +734,9 @@ impl KubeStore {
                     })?;
                 self.adopt(current, owner)
             }
+            Err(e) if exceeded_quota(&e).is_some() => {
+                Err(quota_held(format!("the Continuation {name}"), &e))
+            }
             Err(e) => Err(backend(e)),
         }
     }
@@ -855,6 +868,12 @@ impl KubeStore {
         token: &ContinuationToken,
         decision: &Decision,
     ) -> StoreResult<WriteOnce> {
+        if let Some(at) = self.own_vote(token, decision).await? {
+            return Ok(WriteOnce::AlreadySame {
+                by: decision.by.clone(),
+                at,
+            });
+        }
         let judge = |rec: &ContinuationRecord| acceptance::decision(&rec.held(), decision.approved);
         let entry = json!({
             "approved": decision.approved,
@@ -887,6 +906,29 @@ impl KubeStore {
             }
         };
         self.write_once(token, "its decision", judge, status).await
+    }
+
+    /// When this person already cast this same vote on a call decided by
+    /// a quorum: a repeat (a CLI trying again after an answer it lost) is
+    /// harmless, and tells the time of the vote that counts.
+    async fn own_vote(
+        &self,
+        token: &ContinuationToken,
+        decision: &Decision,
+    ) -> StoreResult<Option<Millis>> {
+        let Some(obj) = self
+            .continuations
+            .get_opt(&token.0)
+            .await
+            .map_err(backend)?
+        else {
+            return Ok(None);
+        };
+        let votes = obj.status.map(|s| s.decisions).unwrap_or_default();
+        Ok(votes
+            .iter()
+            .find(|v| v.by == decision.by && v.approved == decision.approved)
+            .map(|v| convert::millis(&v.decided_at)))
     }
 
     /// Writes the answers to an MCP task's request for input (replacing
@@ -1008,14 +1050,31 @@ fn is_conflict(s: &kube::core::Status) -> bool {
     s.is_conflict() || (s.code == 409 && !s.is_already_exists())
 }
 
+/// A create that a ResourceQuota refused for now: a wait (see
+/// [`StoreError::QuotaExceeded`]).
+fn quota_held(what: String, e: &kube::Error) -> StoreError {
+    StoreError::QuotaExceeded {
+        what,
+        message: exceeded_quota(e).unwrap_or_default().to_string(),
+    }
+}
+
 fn backend(e: kube::Error) -> StoreError {
     match e {
         // Throttled (API priority and fairness) or the server (or its etcd)
         // failing for now: the same request may succeed in a moment.
-        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => StoreError::Unavailable(format!(
-            "the API server answered {} {}: {}",
-            s.code, s.reason, s.message
-        )),
+        // An API server just started refuses requests its admission
+        // policies cannot judge yet (403 "not yet ready to handle request").
+        kube::Error::Api(s)
+            if s.code == 429
+                || s.code >= 500
+                || (s.code == 403 && s.message.contains("not yet ready to handle request")) =>
+        {
+            StoreError::Unavailable(format!(
+                "the API server answered {} {}: {}",
+                s.code, s.reason, s.message
+            ))
+        }
         kube::Error::Api(s) => StoreError::Backend(format!(
             "the API server answered {} {}: {}",
             s.code, s.reason, s.message
@@ -1521,6 +1580,30 @@ mod tests {
         for key in old.earlier.keys() {
             assert_eq!(patch.get(key), Some(&Value::Null), "{key} stays");
         }
+    }
+
+    #[test]
+    fn a_quota_is_a_wait_and_a_server_not_ready_is_away() {
+        let forbidden = |message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "Forbidden")
+                    .with_code(403)
+                    .boxed(),
+            )
+        };
+        let full = forbidden("continuations.agents-exe.io \"s-t1-c0\" is forbidden: exceeded quota: q, requested: count/continuations.agents-exe.io=1, used: count/continuations.agents-exe.io=0, limited: count/continuations.agents-exe.io=0");
+        let held = quota_held("the Continuation s-t1-c0".into(), &full);
+        assert!(held.is_quota() && !held.is_transient(), "{held}");
+        assert!(
+            held.to_string().contains("limited: count/continuations"),
+            "{held}"
+        );
+        let starting = backend(forbidden("not yet ready to handle request"));
+        assert!(starting.is_transient(), "{starting}");
+        let rbac = backend(forbidden(
+            "User \"x\" cannot patch resource \"continuations/status\"",
+        ));
+        assert!(!rbac.is_transient() && !rbac.is_quota(), "{rbac}");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cluster_approval_restarts;
 mod cluster_burst;
 mod cluster_chaos;
 mod cluster_console_scale;

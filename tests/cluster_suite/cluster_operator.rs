@@ -1472,7 +1472,8 @@ spec:
 }
 
 /// A step that fails for a reason of the session's own (its continuation
-/// refused by a ResourceQuota that allows none) is counted in the session's
+/// refused by an admission policy of the namespace: a real refusal, unlike
+/// a ResourceQuota's, which is a wait) is counted in the session's
 /// status: an operator SIGKILLed after a few failures and started again
 /// goes on counting, and the session fails after 8 in all, not 8 more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1480,15 +1481,44 @@ async fn failed_steps_are_counted_across_an_operator_restart() {
     let Some((client, ns)) = setup("op-failcount").await else {
         return;
     };
+    let policy = format!("{}-no-continuations", ns.name);
+    let _cluster_scoped = support::ClusterScoped(vec![
+        format!("validatingadmissionpolicy/{policy}"),
+        format!("validatingadmissionpolicybinding/{policy}"),
+    ]);
+    apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {policy}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - {{apiGroups: [agents-exe.io], apiVersions: ["*"], operations: [CREATE], resources: [continuations]}}
+  validations:
+    - {{expression: "false", reason: Forbidden, message: "this namespace's admission policy refuses every Continuation"}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {policy}}}
+spec:
+  policyName: {policy}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
+"#,
+            ns = ns.name
+        ),
+    );
+    // The policy takes a moment to be enforced after it is created.
+    std::thread::sleep(Duration::from_secs(2));
     apply(
         &ns.name,
         r#"
-apiVersion: v1
-kind: ResourceQuota
-metadata: {name: no-continuations}
-spec:
-  hard: {count/continuations.agents-exe.io: "0"}
----
 apiVersion: agents-exe.io/v1alpha1
 kind: Agent
 metadata: {name: asks}
@@ -1529,7 +1559,8 @@ spec:
         .unwrap_or("")
         .to_string();
     assert!(
-        failure.starts_with("8 steps in a row failed") && failure.contains("quota"),
+        failure.starts_with("8 steps in a row failed")
+            && failure.contains("admission policy refuses every Continuation"),
         "{failure}"
     );
     let counted_here = operator.log().matches("reconcile failed; retrying").count();

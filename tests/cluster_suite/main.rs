@@ -22,6 +22,7 @@ mod cluster_notify;
 mod cluster_operator;
 mod cluster_outcome;
 mod cluster_prometheus;
+mod cluster_quota;
 mod cluster_secrets;
 mod cluster_slots;
 mod cluster_smoke;

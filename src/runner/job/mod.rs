@@ -55,6 +55,7 @@
 
 use super::check_var_name;
 use super::wrapper_protocol::{result_from_log, sha256_hex, ResultInLog, TERMINATION_LOG};
+use crate::api::quota::exceeded_quota;
 use crate::api::Continuation;
 use crate::core::envelope::CallEnvelope;
 use crate::core::{ContinuationToken, IsolationSpec, ToolResult};
@@ -262,23 +263,6 @@ pub struct JobRunner {
 
 /// How soon a call whose Job a ResourceQuota refused is tried again.
 pub const QUOTA_RETRY: Duration = Duration::from_secs(10);
-
-/// The API server's words when a namespace's ResourceQuota refused a
-/// create for now: a 403 that passes once the namespace frees room (a Job
-/// ends and goes, a quota is raised) or once a new quota's usage is
-/// counted ("status unknown"), unlike a 403 from RBAC.
-fn exceeded_quota(e: &kube::Error) -> Option<&str> {
-    match e {
-        kube::Error::Api(s)
-            if s.code == 403
-                && (s.message.contains("exceeded quota:")
-                    || s.message.contains("status unknown for quota:")) =>
-        {
-            Some(&s.message)
-        }
-        _ => None,
-    }
-}
 
 /// Why `start` did not decide: an API error that may pass.
 enum Step<T> {
