@@ -72,6 +72,9 @@ fn model(turns: Turns) -> Server {
             ("planner", 0) => {
                 json!({"role": "assistant", "content": null, "tool_calls": calls("researcher", 3)})
             }
+            ("boss", 0) => {
+                json!({"role": "assistant", "content": null, "tool_calls": calls("waits", 1)})
+            }
             ("researcher", 0) => {
                 json!({"role": "assistant", "content": null, "tool_calls": calls("leaf", 2)})
             }
@@ -247,7 +250,7 @@ async fn a_child_deleted_by_hand_is_an_error_result_not_a_wait_for_ever() {
         "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
     );
     let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
-    // The boss's fake model asks nothing of "waits" by its script: make it.
+    // The boss asks "waits" once; that child waits for an outside party.
     wait_until(Duration::from_secs(60), "the child waits", || {
         let api = api.clone();
         async move {
