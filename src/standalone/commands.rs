@@ -569,7 +569,7 @@ async fn complete_once(
         WriteOnce::AlreadyDifferent { by, at } => {
             out::err_line(&format!(
                 "error: {token} is already completed (by {by} at {}); its result cannot change, this one was not recorded",
-                format_millis(at.0)
+                at.utc()
             ));
             Ok(ExitCode::from(EXIT_ALREADY_COMPLETED))
         }
@@ -838,28 +838,6 @@ pub async fn run_isolated(
         print_next_step(&store, &id, sel).await?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` without a date crate (civil-from-days).
-pub fn format_millis(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 /// Used by tests and the benchmark: the phase of a stored session.

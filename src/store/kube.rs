@@ -242,6 +242,18 @@ impl KubeStore {
             .insert(name.into(), seen);
     }
 
+    /// What the last read or write showed of the session, or a fresh read.
+    async fn seen_or_read(&self, id: &SessionId) -> StoreResult<Seen> {
+        if let Some(seen) = self.seen(&id.0) {
+            return Ok(seen);
+        }
+        let obj = self
+            .get_session(id)
+            .await?
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        Ok(seen_of(&obj))
+    }
+
     fn seen(&self, name: &str) -> Option<Seen> {
         self.seen.lock().expect("seen lock").get(name).cloned()
     }
@@ -320,16 +332,7 @@ impl KubeStore {
         expected: &Version,
     ) -> StoreResult<Version> {
         let id = &record.state.id;
-        let seen = match self.seen(&id.0) {
-            Some(s) => s,
-            None => {
-                let obj = self
-                    .get_session(id)
-                    .await?
-                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-                seen_of(&obj)
-            }
-        };
+        let seen = self.seen_or_read(id).await?;
         let mut status = stored::session_status(&record.state);
         status.traceparent.clone_from(&record.trace);
         status.observed_generation = seen.generation;
@@ -403,16 +406,7 @@ impl KubeStore {
     /// it wrote; a conflict (someone wrote meanwhile, which triggers
     /// another reconcile) is left alone.
     pub async fn settle(&self, id: &SessionId, state: &SessionState) -> StoreResult<bool> {
-        let seen = match self.seen(&id.0) {
-            Some(s) => s,
-            None => {
-                let obj = self
-                    .get_session(id)
-                    .await?
-                    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-                seen_of(&obj)
-            }
-        };
+        let seen = self.seen_or_read(id).await?;
         let wanted = self.conditions_for(state, &seen);
         let stored_generation = seen
             .status

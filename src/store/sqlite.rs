@@ -197,11 +197,7 @@ impl SqliteStore {
 
     fn init_read_only(&self) -> StoreResult<()> {
         let conn = self.conn.lock().expect("store mutex");
-        let err = |e| self.map_err(e);
-        conn.busy_timeout(self.busy_timeout).map_err(err)?;
-        let tx = conn.unchecked_transaction().map_err(err)?;
-        let header = self.header(&tx)?;
-        tx.commit().map_err(err)?;
+        let header = self.snapshot_header(&conn)?;
         let known = MIGRATIONS.len() as i64;
         if header.user_version < known {
             return Err(StoreError::NotAStore {
@@ -237,13 +233,7 @@ impl SqliteStore {
     fn init(&self) -> StoreResult<()> {
         let conn = self.conn.lock().expect("store mutex");
         let err = |e| self.map_err(e);
-        conn.busy_timeout(self.busy_timeout).map_err(err)?;
-        // One read transaction, so the three facts come from one snapshot
-        // even while another process is creating the store. Reading the
-        // header is the first real access: a non-SQLite file fails here.
-        let tx = conn.unchecked_transaction().map_err(err)?;
-        let header = self.header(&tx)?;
-        tx.commit().map_err(err)?;
+        let header = self.snapshot_header(&conn)?;
         let known = MIGRATIONS.len() as i64;
         // WAL lets readers (`session list`) run beside a writer; FULL sync
         // makes a recorded result survive power loss, not just a crash.
@@ -277,6 +267,19 @@ impl SqliteStore {
     }
 
     /// Reads and checks the file's identity and schema version.
+    /// The store's header, read in one transaction (with the store's busy
+    /// timeout set), so its facts come from one snapshot even while another
+    /// process is creating the store. Reading it is the first real access:
+    /// a file that is not SQLite fails here.
+    fn snapshot_header(&self, conn: &Connection) -> StoreResult<Header> {
+        let err = |e| self.map_err(e);
+        conn.busy_timeout(self.busy_timeout).map_err(err)?;
+        let tx = conn.unchecked_transaction().map_err(err)?;
+        let header = self.header(&tx)?;
+        tx.commit().map_err(err)?;
+        Ok(header)
+    }
+
     fn header(&self, conn: &Connection) -> StoreResult<Header> {
         let err = |e| self.map_err(e);
         let app_id: i64 = conn

@@ -3,6 +3,14 @@
 use super::*;
 
 impl KubeStore {
+    /// The Continuation object named `token`, if there is one.
+    async fn continuation_object(
+        &self,
+        token: &ContinuationToken,
+    ) -> StoreResult<Option<Continuation>> {
+        self.continuations.get_opt(&token.0).await.map_err(backend)
+    }
+
     /// A Continuation as the engine's record, its spilled result read back. A result that
     /// cannot be read (a bad spill marker, missing or oversized blobs) is
     /// the writer's mistake: that call fails with an error saying so, and
@@ -28,12 +36,7 @@ impl KubeStore {
         &self,
         token: &ContinuationToken,
     ) -> StoreResult<Option<ContinuationRecord>> {
-        match self
-            .continuations
-            .get_opt(&token.0)
-            .await
-            .map_err(backend)?
-        {
+        match self.continuation_object(token).await? {
             None => Ok(None),
             Some(c) => self.read_continuation(&c).await.map(Some),
         }
@@ -347,12 +350,7 @@ impl KubeStore {
         token: &ContinuationToken,
         decision: &Decision,
     ) -> StoreResult<Option<Millis>> {
-        let Some(obj) = self
-            .continuations
-            .get_opt(&token.0)
-            .await
-            .map_err(backend)?
-        else {
+        let Some(obj) = self.continuation_object(token).await? else {
             return Ok(None);
         };
         let votes = obj.status.map(|s| s.decisions).unwrap_or_default();
@@ -413,12 +411,7 @@ impl KubeStore {
         F: std::future::Future<Output = StoreResult<Value>>,
     {
         for _ in 0..MAX_RETRIES {
-            let Some(obj) = self
-                .continuations
-                .get_opt(&token.0)
-                .await
-                .map_err(backend)?
-            else {
+            let Some(obj) = self.continuation_object(token).await? else {
                 return Err(StoreError::UnknownToken(token.clone()));
             };
             let rec = self.read_continuation(&obj).await?;
