@@ -362,7 +362,7 @@ fn capture_cost_per_session(
     let one: serde_json::Value = serde_json::from_str(&kubectl_ok([
         "get",
         "session",
-        "s0",
+        "s00000",
         "-n",
         ns,
         "--show-managed-fields",

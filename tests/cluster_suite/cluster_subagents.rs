@@ -134,6 +134,18 @@ fn operator(ns: &str, kubeconfig: &Path) -> launcher::Operator {
 
 #[tokio::test]
 async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
+    tree_of_sub_agents(0).await;
+}
+
+/// The same tree while the operator is SIGKILLed at random moments (and
+/// started again): every Session is still created once and each answer
+/// taken once; a model turn cut by a kill may be asked again.
+#[tokio::test]
+async fn a_tree_of_sub_agents_under_operator_kills_creates_each_session_once() {
+    tree_of_sub_agents(support::sized("AGENTS_SUBAGENT_KILLS", 5)).await;
+}
+
+async fn tree_of_sub_agents(kills: usize) {
     let Some(client) = support::cluster().await else {
         return;
     };
@@ -150,6 +162,12 @@ async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
         &ns.name,
         "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
     );
+    let mut rng = support::rng::Rng::from_env_or_time();
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+        op.kill();
+        op = operator(&ns.name, &kubeconfig);
+    }
     let all = wait_until(Duration::from_secs(180), "the whole tree succeeded", || {
         let api = api.clone();
         async move {
@@ -218,10 +236,21 @@ async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
     );
     let turns = turns.lock().unwrap().clone();
     assert_eq!(turns.len(), 2 + 3 * 2 + 6, "{turns:?}");
+    // A model call cut by a kill is asked again (its reply was never
+    // recorded); without kills, each turn is asked exactly once.
+    let repeated: Vec<_> = turns.iter().filter(|(_, n)| **n > 1).collect();
+    println!("{kills} kills: turns asked again after a kill: {repeated:?}");
     assert!(
-        turns.values().all(|n| *n == 1),
+        turns.values().all(|n| *n as usize <= 1 + kills),
         "turns asked more than once: {turns:?}\n{log}"
     );
+    // Each child's answer taken once: the root quotes each leaf once.
+    for i in 0..3 {
+        for j in 0..2 {
+            let leaf = format!("leaf root.{i}.{j}");
+            assert_eq!(answer.matches(&leaf).count(), 1, "root's answer: {answer}");
+        }
+    }
     ns.delete(&client).await;
 }
 
