@@ -445,7 +445,7 @@ async fn check_session_page(http: &reqwest::Client, base: &str, ns: &str) {
     assert!(timeline.contains("completed by mcp-task"), "{timeline}");
     assert!(s.contains("<ul id=lineage><li>parent: none</li>"), "{s}");
     assert!(
-        s.contains("<table id=events>") && s.contains("ModelReplied"),
+        s.contains("<table id=events>") && s.contains("CallDeferred"),
         "{s}"
     );
     assert!(s.contains("<td id=phase>Succeeded</td>"), "{s}");
