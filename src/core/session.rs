@@ -2098,15 +2098,14 @@ fn result_entry(c: TrackedToolCall) -> ToolResultEntry {
     }
 }
 
-/// A claim by `holder` for work that may take `secs`, with a grace, in
-/// whole seconds (it is stored as a Kubernetes time).
+/// A claim by `holder` for work that may take `secs`, with a grace. Kept
+/// to the millisecond (the state stores milliseconds): the attempt's start
+/// is then known exactly from it, which tells a person's "run again" to
+/// this lost attempt from one given to an earlier loss.
 fn new_claim(holder: &str, secs: u64, now: Millis) -> Claim {
     Claim {
         holder: holder.to_string(),
-        until: now
-            .plus_secs(secs)
-            .plus_millis(CLAIM_GRACE_MILLIS as u64)
-            .ceil_to_second(),
+        until: now.plus_secs(secs).plus_millis(CLAIM_GRACE_MILLIS as u64),
     }
 }
 

@@ -403,11 +403,11 @@ mod status_writes {
     /// this list.
     const KNOWN: &[(&str, &str)] = &[
         (
-            "store/kube.rs::set_wait",
+            "store/kube/continuations.rs::set_wait",
             "a Continuation's wait fields; a result written meanwhile makes the API server refuse it (CEL), and it reads back",
         ),
         (
-            "store/kube.rs::answer_continuation",
+            "store/kube/continuations.rs::answer_continuation",
             "a person's answers to an MCP task's questions, replaced whole",
         ),
     ];

@@ -67,8 +67,9 @@ pub fn lost_claim<'a>(
         .then_some(claim)
 }
 
-/// When the attempt of `claim` started, as near as the claim tells: a
-/// claim runs for the tool's timeout plus a grace, rounded up to a second.
+/// When the attempt of `claim` started: a claim runs for the tool's
+/// timeout plus a grace (claims written before claims kept milliseconds
+/// were rounded up to a second, so for those it is within a second).
 pub fn started_at_about(claim: &Claim, timeout_secs: u64) -> Millis {
     let span = (timeout_secs as i64).saturating_mul(1000) + CLAIM_GRACE_MILLIS;
     Millis(claim.until.0.saturating_sub(span))
