@@ -17,7 +17,7 @@ use kube::Client;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::http::{Request, Response, Server};
+use support::http::Server;
 use support::launcher;
 use support::{apply, kubectl, kubectl_ok, wait_until, TestNamespace};
 
@@ -36,45 +36,13 @@ fn operator(ns: &str, tag: &str) -> launcher::Operator {
     launcher::Operator::start(BIN, &name, &kubeconfig, &["-n", ns], &[])
 }
 
-/// A chat-completions server: asks for one `pay` call, then answers
-/// "done"; keeps the tool messages it is sent (what the model saw).
 fn model_server() -> (Server, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let tool_messages = seen.clone();
-    let server = Server::start(move |req: &Request| {
-        let req = req.json();
-        let messages = req["messages"].as_array().cloned().unwrap_or_default();
-        let tools: Vec<String> = messages
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].to_string())
-            .collect();
-        let message = if tools.is_empty() {
-            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": "{\"eur\":5}"}}
-            ]})
-        } else {
-            tool_messages.lock().unwrap().extend(tools);
-            serde_json::json!({"role": "assistant", "content": "done"})
-        };
-        Response::json(
-            200,
-            serde_json::json!({"choices": [{"index": 0, "message": message}]}).to_string(),
-        )
-    });
-    (server, seen)
+    support::fake::pay_model_server()
 }
 
-/// The payment server: holds the first request (the operator is killed
-/// meanwhile) and answers later ones at once.
+/// The payment server: holds its first request while the driver is killed.
 fn pay_server() -> Server {
-    let first = Arc::new(Mutex::new(true));
-    Server::start(move |_req: &Request| {
-        if std::mem::replace(&mut *first.lock().unwrap(), false) {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-        Response::json(200, r#"{"paid":true}"#)
-    })
+    support::fake::held_payment_server(Duration::from_secs(60))
 }
 
 fn session_yaml(model: &Server, pay: &Server, rule: &str) -> String {

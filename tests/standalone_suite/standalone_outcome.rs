@@ -11,49 +11,16 @@ use agents::core::{SessionId, WaitingFor};
 use agents::store::sqlite::SqliteStore;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::http::{Request, Response, Server};
+use support::http::Server;
 use support::scratch::*;
 
-/// A chat-completions server: asks for one `pay` call, then answers
-/// "done"; keeps the tool messages it is sent (what the model saw).
 fn model_server() -> (Server, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let tool_messages = seen.clone();
-    let server = Server::start(move |req: &Request| {
-        let req = req.json();
-        let messages = req["messages"].as_array().cloned().unwrap_or_default();
-        let tools: Vec<String> = messages
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].to_string())
-            .collect();
-        let message = if tools.is_empty() {
-            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": "{\"eur\":5}"}}
-            ]})
-        } else {
-            tool_messages.lock().unwrap().extend(tools);
-            serde_json::json!({"role": "assistant", "content": "done"})
-        };
-        Response::json(
-            200,
-            serde_json::json!({"choices": [{"index": 0, "message": message}]}).to_string(),
-        )
-    });
-    (server, seen)
+    support::fake::pay_model_server()
 }
 
-/// The payment server: the first request is held (the driver is killed
-/// meanwhile); later ones are answered at once.
+/// The payment server: holds its first request while the driver is killed.
 fn pay_server() -> Server {
-    let first = Arc::new(Mutex::new(true));
-    Server::start(move |_req: &Request| {
-        let held = std::mem::replace(&mut *first.lock().unwrap(), false);
-        if held {
-            std::thread::sleep(Duration::from_secs(30));
-        }
-        Response::json(200, r#"{"paid":true}"#)
-    })
+    support::fake::held_payment_server(Duration::from_secs(30))
 }
 
 fn definition(model: u16, pay: u16, rule: &str) -> String {

@@ -314,3 +314,47 @@ spec:
     }
     out
 }
+
+/// A chat-completions server for a one-call payment flow: asks for one
+/// `pay` call, then answers "done"; keeps the tool messages it is sent
+/// (what the model saw).
+#[allow(dead_code)]
+pub fn pay_model_server() -> (Server, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let tool_messages = seen.clone();
+    let server = Server::start(move |req: &Request| {
+        let req = req.json();
+        let messages = req["messages"].as_array().cloned().unwrap_or_default();
+        let tools: Vec<String> = messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].to_string())
+            .collect();
+        let message = if tools.is_empty() {
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": "{\"eur\":5}"}}
+            ]})
+        } else {
+            tool_messages.lock().unwrap().extend(tools);
+            serde_json::json!({"role": "assistant", "content": "done"})
+        };
+        Response::json(
+            200,
+            serde_json::json!({"choices": [{"index": 0, "message": message}]}).to_string(),
+        )
+    });
+    (server, seen)
+}
+
+/// A payment server that holds its first request for `hold` (the driver
+/// is killed meanwhile) and answers later ones at once.
+#[allow(dead_code)]
+pub fn held_payment_server(hold: Duration) -> Server {
+    let first = Arc::new(Mutex::new(true));
+    Server::start(move |_req: &Request| {
+        if std::mem::replace(&mut *first.lock().unwrap(), false) {
+            std::thread::sleep(hold);
+        }
+        Response::json(200, r#"{"paid":true}"#)
+    })
+}
