@@ -3,8 +3,9 @@
 //! scale), read the API server's and etcd's own counters (killloop, scale,
 //! writes: every request in the cluster counts), list 10,000 sessions
 //! (console_scale),
-//! or install the chart with an operator that watches every namespace
-//! (helm). Each module is one former `tests/cluster_*.rs` file; before the
+//! or run an operator that watches every namespace (helm installs the
+//! chart's; slots shares one reconcile pool among all namespaces): such an
+//! operator steps every other test's sessions too, with its own flags. Each module is one former `tests/cluster_*.rs` file; before the
 //! files were merged, cargo ran one test binary at a time, so no two of
 //! these ever overlapped, nor did they overlap with `cluster_suite`.
 //!
@@ -23,4 +24,5 @@ mod cluster_console_scale;
 mod cluster_helm;
 mod cluster_killloop;
 mod cluster_scale;
+mod cluster_slots;
 mod cluster_writes;

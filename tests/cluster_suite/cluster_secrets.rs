@@ -113,14 +113,19 @@ spec:
         "session/sec",
         "--timeout=60s",
     ]);
-    drop(op);
+    let stored = kubectl_ok(["get", "session", "sec", "-n", &ns.name, "-o", "json"]);
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}\nsession: {stored}\noperator log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        op.log_text()
     );
-    assert_eq!(*seen.lock().unwrap(), ["from-the-secret-7f3a"]);
-    let stored = kubectl_ok(["get", "session", "sec", "-n", &ns.name, "-o", "json"]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["from-the-secret-7f3a"],
+        "the tool was called once, with the Secret's value\nsession: {stored}\noperator log:\n{}",
+        op.log_text()
+    );
     assert!(
         !stored.contains("from-the-secret-7f3a"),
         "the secret is never stored"

@@ -24,7 +24,6 @@ mod cluster_outcome;
 mod cluster_prometheus;
 mod cluster_quota;
 mod cluster_secrets;
-mod cluster_slots;
 mod cluster_smoke;
 mod cluster_storage;
 mod cluster_subagents;

@@ -33,6 +33,7 @@ impl Operator {
         args: &[&str],
         env: &[(&str, String)],
     ) -> Operator {
+        assert_scoped_beside_others(args);
         let metrics = free_port();
         let log = std::env::temp_dir().join(format!("agents-operator-{name}.log"));
         let mut cmd = Command::new(bin);
@@ -89,6 +90,26 @@ impl Operator {
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
+}
+
+/// Tests in `cluster_suite` run side by side: an operator there that
+/// served every namespace would step the other tests' sessions with its
+/// own flags. Such tests belong in `cluster_exclusive`.
+fn assert_scoped_beside_others(args: &[&str]) {
+    let binary = std::env::current_exe().unwrap_or_default();
+    let shared = binary
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("cluster_suite"));
+    let scoped = args
+        .iter()
+        .any(|a| matches!(*a, "-n" | "--namespace") || a.starts_with("--namespace="));
+    assert!(
+        !shared || scoped,
+        "an operator started in cluster_suite must watch its test's namespaces (-n NS): \
+         one watching all of them steps the other tests' sessions; move the test to \
+         cluster_exclusive if it needs all namespaces"
+    );
 }
 
 impl Drop for Operator {

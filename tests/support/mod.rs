@@ -279,9 +279,8 @@ pub fn release_agents_bin() -> String {
     if let Ok(bin) = std::env::var("AGENTS_SCALE_BIN") {
         return bin;
     }
-    let built = std::process::Command::new(repo_root().join("tests/cluster/agents-image"))
+    let built = agents_image_script()
         .arg("--no-import")
-        .current_dir(repo_root())
         .stdout(std::process::Stdio::null())
         .status()
         .expect("tests/cluster/agents-image runs");
@@ -296,6 +295,19 @@ pub fn release_agents_bin() -> String {
         .join("x86_64-unknown-linux-gnu/release/agents")
         .display()
         .to_string()
+}
+
+/// `tests/cluster/agents-image`, run from the checkout without the
+/// build-script values cargo hands every test process (`AGENTS_GIT_COMMIT`,
+/// `AGENTS_BUILD_DATE`): the build script reruns when `AGENTS_GIT_COMMIT`
+/// changes, and a new build date rebuilds the release binary that `make
+/// test` built moments before (minutes of CPU, once per test process).
+fn agents_image_script() -> Command {
+    let mut cmd = Command::new(repo_root().join("tests/cluster/agents-image"));
+    cmd.current_dir(repo_root())
+        .env_remove("AGENTS_GIT_COMMIT")
+        .env_remove("AGENTS_BUILD_DATE");
+    cmd
 }
 
 /// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
@@ -525,8 +537,7 @@ pub fn agents_image_ready() -> Result<String, String> {
                 return Ok(image);
             }
             let script = repo_root().join("tests/cluster/agents-image");
-            let out = Command::new(&script)
-                .current_dir(repo_root())
+            let out = agents_image_script()
                 .stdin(Stdio::null())
                 .output()
                 .map_err(|e| format!("cannot run {}: {e}", script.display()))?;

@@ -4,9 +4,9 @@
 //! namespace's slow calls could hold every slot. `--max-reconciles-per-
 //! namespace` caps what one namespace holds.
 //!
-//! This file holds one test on purpose: its operator serves every
-//! namespace, and cargo runs test files one after another, so no other
-//! test's sessions are stepped by it.
+//! It lives in `cluster_exclusive`: its operator serves every namespace,
+//! so beside other tests it would step their sessions too, under its own
+//! URL allow-list (it once failed `cluster_secrets` that way).
 
 use crate::support;
 
