@@ -387,6 +387,16 @@ pub(crate) mod tests {
             .unwrap()
     }
 
+    /// `{}` POSTed to the loopback server on `port`.
+    async fn post_empty(port: u16) -> reqwest::Response {
+        client()
+            .post(format!("http://127.0.0.1:{port}/"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn bodies_are_read_up_to_the_cap_and_no_further() {
         let close = "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_string();
@@ -445,12 +455,7 @@ pub(crate) mod tests {
             "HTTP/1.1 308 Permanent Redirect\r\nlocation: http://127.0.0.1:{other}/x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
         );
         let (port, _) = server(port_away, 0).await;
-        let r = client()
-            .post(format!("http://127.0.0.1:{port}/"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = post_empty(port).await;
         assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT);
         assert_eq!(other_hits.load(Ordering::SeqCst), 0);
         // Within the origin, a redirect is followed; a loop ends.
@@ -458,12 +463,7 @@ pub(crate) mod tests {
             "HTTP/1.1 307 Temporary Redirect\r\nlocation: /again\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                 .to_string();
         let (port, hits) = server(looping, 0).await;
-        let r = client()
-            .post(format!("http://127.0.0.1:{port}/"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = post_empty(port).await;
         assert_eq!(r.status(), StatusCode::TEMPORARY_REDIRECT);
         assert_eq!(hits.load(Ordering::SeqCst), MAX_REDIRECTS + 1);
     }

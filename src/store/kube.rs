@@ -356,16 +356,8 @@ impl KubeStore {
             "metadata": {"resourceVersion": expected.0},
             "status": merge_patch(&seen.status, &new),
         });
-        self.count_write();
-        match self
-            .sessions
-            .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-        {
-            Ok(obj) => {
-                self.remember(&id.0, seen_of(&obj));
-                version_of(&obj.metadata)
-            }
+        match self.patch_session_status(&id.0, &body).await {
+            Ok(obj) => version_of(&obj.metadata),
             Err(kube::Error::Api(s)) if is_conflict(&s) => Err(StoreError::Conflict {
                 id: id.clone(),
                 expected: expected.clone(),
@@ -425,22 +417,27 @@ impl KubeStore {
             "metadata": {"resourceVersion": seen.version},
             "status": {"conditions": wanted, "observedGeneration": seen.generation},
         });
-        self.count_write();
-        match self
-            .sessions
-            .patch_status(&id.0, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-        {
-            Ok(obj) => {
-                self.remember(&id.0, seen_of(&obj));
-                Ok(true)
-            }
+        match self.patch_session_status(&id.0, &body).await {
+            Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if is_conflict(&s) => Ok(false),
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 Err(StoreError::SessionNotFound(id.clone()))
             }
             Err(e) => Err(backend(e)),
         }
+    }
+
+    /// A status merge patch of Session `name` (`body` names the
+    /// resourceVersion it was computed from), counted, its answer kept as
+    /// the newest copy this process has seen.
+    async fn patch_session_status(&self, name: &str, body: &Value) -> Result<Session, kube::Error> {
+        self.count_write();
+        let obj = self
+            .sessions
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(body))
+            .await?;
+        self.remember(name, seen_of(&obj));
+        Ok(obj)
     }
 
     /// Changes the Session's spec (pause, resume, retry): a merge patch of

@@ -175,6 +175,14 @@ impl Ui {
 mod tests {
     use super::*;
 
+    /// A query string's pairs, as the server hands them to a page.
+    pub(super) fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn a_non_loopback_address_is_refused() {
         let err = super::super::run_cmd::block_on(serve(UiArgs {

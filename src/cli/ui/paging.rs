@@ -157,14 +157,8 @@ impl Ui {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::q;
     use super::*;
-
-    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn a_page_defaults_to_fifty_rows_from_the_start() {

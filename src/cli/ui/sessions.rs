@@ -251,6 +251,7 @@ fn sessions_table(found: &Scanned<Session>, f: &SessionFilter, limit: u32) -> St
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::q;
     use super::*;
     use crate::api::session::{AgentRef, SessionSpec, SessionStatus};
 
@@ -274,13 +275,6 @@ mod tests {
             ..Default::default()
         });
         s
-    }
-
-    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]
