@@ -352,11 +352,8 @@ impl KubeStore {
                 id: id.clone(),
                 why,
             })?;
-        let body = json!({
-            "metadata": {"resourceVersion": expected.0},
-            "status": merge_patch(&seen.status, &new),
-        });
-        match self.patch_session_status(&id.0, &body).await {
+        let status = merge_patch(&seen.status, &new);
+        match self.patch_session_status(&id.0, &expected.0, status).await {
             Ok(obj) => version_of(&obj.metadata),
             Err(kube::Error::Api(s)) if is_conflict(&s) => Err(StoreError::Conflict {
                 id: id.clone(),
@@ -413,11 +410,11 @@ impl KubeStore {
         if same && stored_generation == seen.generation {
             return Ok(false);
         }
-        let body = json!({
-            "metadata": {"resourceVersion": seen.version},
-            "status": {"conditions": wanted, "observedGeneration": seen.generation},
-        });
-        match self.patch_session_status(&id.0, &body).await {
+        let status = json!({"conditions": wanted, "observedGeneration": seen.generation});
+        match self
+            .patch_session_status(&id.0, &seen.version, status)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if is_conflict(&s) => Ok(false),
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -427,14 +424,20 @@ impl KubeStore {
         }
     }
 
-    /// A status merge patch of Session `name` (`body` names the
-    /// resourceVersion it was computed from), counted, its answer kept as
-    /// the newest copy this process has seen.
-    async fn patch_session_status(&self, name: &str, body: &Value) -> Result<Session, kube::Error> {
+    /// A status merge patch of Session `name`, made only if the Session
+    /// is still at `version` (what `status` was computed from); counted,
+    /// and its answer kept as the newest copy this process has seen.
+    async fn patch_session_status(
+        &self,
+        name: &str,
+        version: &str,
+        status: Value,
+    ) -> Result<Session, kube::Error> {
+        let body = json!({"metadata": {"resourceVersion": version}, "status": status});
         self.count_write();
         let obj = self
             .sessions
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(body))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
             .await?;
         self.remember(name, seen_of(&obj));
         Ok(obj)
