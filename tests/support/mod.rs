@@ -297,17 +297,38 @@ pub fn release_agents_bin() -> String {
         .to_string()
 }
 
-/// `tests/cluster/agents-image`, run from the checkout without the
-/// build-script values cargo hands every test process (`AGENTS_GIT_COMMIT`,
-/// `AGENTS_BUILD_DATE`): the build script reruns when `AGENTS_GIT_COMMIT`
-/// changes, and a new build date rebuilds the release binary that `make
-/// test` built moments before (minutes of CPU, once per test process).
+/// `tests/cluster/agents-image`, run from the checkout without what cargo
+/// adds to every test process's environment: the package's `CARGO_*`
+/// values, `OUT_DIR`, and the build script's `AGENTS_GIT_COMMIT` and
+/// `AGENTS_BUILD_DATE`. Build scripts rerun when such a variable changes
+/// (ring's on `CARGO_MANIFEST_DIR`, ours on `AGENTS_GIT_COMMIT`), and the
+/// release binary that `make test` built moments before would be built
+/// again: minutes of CPU, once per test process.
 fn agents_image_script() -> Command {
     let mut cmd = Command::new(repo_root().join("tests/cluster/agents-image"));
-    cmd.current_dir(repo_root())
-        .env_remove("AGENTS_GIT_COMMIT")
-        .env_remove("AGENTS_BUILD_DATE");
+    cmd.current_dir(repo_root());
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if added_by_cargo_test(&name) {
+            cmd.env_remove(&*name);
+        }
+    }
     cmd
+}
+
+fn added_by_cargo_test(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "CARGO",
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "OUT_DIR",
+        "AGENTS_GIT_COMMIT",
+        "AGENTS_BUILD_DATE",
+    ];
+    EXACT.contains(&name) || name.starts_with("CARGO_PKG_") || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
