@@ -288,6 +288,48 @@ mod tests {
         assert_eq!(status.phase, SessionPhase::Running);
     }
 
+    /// The API server prunes what the schema does not name: the times the
+    /// core keeps must be in it, where the core writes them.
+    #[test]
+    fn the_status_schema_keeps_the_times_of_replies_and_calls() {
+        let schema = stored_state_schema(&mut SchemaGenerator::default()).to_value();
+        let props = |v: &Value, path: &[&str]| -> Vec<String> {
+            let mut at = v;
+            for step in path {
+                at = &at[*step];
+            }
+            at["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let turn = props(&schema, &["properties", "turns", "items"]);
+        let result = props(
+            &schema,
+            &[
+                "properties",
+                "turns",
+                "items",
+                "properties",
+                "toolResults",
+                "items",
+            ],
+        );
+        let call = props(
+            &schema,
+            &["properties", "open", "properties", "calls", "items"],
+        );
+        for (names, what) in [
+            (&turn, ["askedAt", "repliedAt"]),
+            (&result, ["startedAt", "finishedAt"]),
+            (&call, ["startedAt", "finishedAt"]),
+        ] {
+            for name in what {
+                assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_status_call_no_event_can_produce_is_refused_naming_the_field() {
         let state = waiting_state();

@@ -352,6 +352,11 @@ pub struct TrackedToolCall {
     /// The MCP task the call became, kept once it ends (like the token).
     task: Option<TaskHandle>,
     stage: CallStage,
+    /// When the call started: its first attempt's claim, or its first
+    /// wait. Kept for people (the console's timeline), never decided on.
+    pub started_at: Option<Millis>,
+    /// When the call became final.
+    pub finished_at: Option<Millis>,
 }
 
 /// Stored in its flat form, so its schema is the flat form's.
@@ -376,6 +381,21 @@ impl TrackedToolCall {
             approval: None,
             task: None,
             stage: CallStage::Ready,
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    /// Notes `now` as the call's start, unless it started before.
+    pub fn mark_started(&mut self, now: Millis) {
+        self.started_at.get_or_insert(now);
+    }
+
+    /// Notes `now` as when the call became final, if it is final and not
+    /// noted yet.
+    pub fn mark_finished(&mut self, now: Millis) {
+        if self.state().is_final() {
+            self.finished_at.get_or_insert(now);
         }
     }
 

@@ -2,6 +2,7 @@
 //! responses as they go back to the model.
 
 use super::ids::{CallId, ContinuationToken};
+use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -205,6 +206,15 @@ pub struct AgentTurn {
     /// Tokens this model turn used.
     #[serde(default)]
     pub usage: TokenUsage,
+    /// When the model was asked for this reply: the start of the model
+    /// call's claim (milliseconds since the Unix epoch). Set by the core;
+    /// absent in turns stored before it kept times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_at: Option<Millis>,
+    /// When the reply was recorded (milliseconds since the Unix epoch).
+    /// Set by the core; absent in turns stored before it kept times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replied_at: Option<Millis>,
 }
 
 /// One tool result as it goes back to the model, in the model's call order.
@@ -226,6 +236,15 @@ pub struct ToolResultEntry {
     /// of the same full result is recognised as the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate_bytes: Option<usize>,
+    /// When the call started (milliseconds since the Unix epoch): its first
+    /// attempt's claim, or its first wait. Absent for a call refused before
+    /// it started, and in results stored before the core kept times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Millis>,
+    /// When its result was recorded (milliseconds since the Unix epoch).
+    /// Absent in results stored before the core kept times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Millis>,
 }
 
 /// A user turn: a message from the user, tool results, or both.
@@ -311,5 +330,30 @@ mod message_bounds {
         let many = vec!["hi".to_string(); MAX_USER_MESSAGES + 1];
         let e = check_user_messages(&many).unwrap_err();
         assert!(e.contains("holds 501 messages, more than the 500"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod stored_times {
+    use super::*;
+
+    #[test]
+    fn turns_stored_before_the_core_kept_times_load_and_write_back_as_they_were() {
+        let reply =
+            r#"{"role":"agent","text":"hi","usage":{"promptTokens":1,"completionTokens":2}}"#;
+        let result = r#"{"role":"user","toolResults":[{"callId":"t1-c0","modelCallId":"m","tool":"x","result":{"status":"success","response":{"type":"text","content":"ok"}}}]}"#;
+        for old in [reply, result] {
+            let turn: Turn = serde_json::from_str(old).unwrap_or_else(|e| panic!("{old}: {e}"));
+            assert_eq!(serde_json::to_string(&turn).unwrap(), old);
+        }
+        let Turn::Agent(a) = serde_json::from_str(reply).unwrap() else {
+            panic!("a reply")
+        };
+        assert_eq!((a.asked_at, a.replied_at), (None, None));
+        let Turn::User(u) = serde_json::from_str(result).unwrap() else {
+            panic!("a result")
+        };
+        let r = &u.tool_results[0];
+        assert_eq!((r.started_at, r.finished_at), (None, None));
     }
 }

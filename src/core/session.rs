@@ -934,12 +934,20 @@ impl Session {
         Ok(())
     }
 
-    fn on_model_reply(&mut self, turn: AgentTurn, now: Millis) -> Result<(), CoreError> {
+    fn on_model_reply(&mut self, mut turn: AgentTurn, now: Millis) -> Result<(), CoreError> {
         if self.state.phase != Phase::AwaitingModel {
             return Err(CoreError::UnexpectedModelReply {
                 phase: self.state.phase,
             });
         }
+        // The claim is kept to the millisecond, so it tells when the model
+        // was asked at no cost of its own.
+        turn.asked_at = self
+            .state
+            .model_attempt
+            .claim()
+            .map(|c| outcome::started_at_about(c, self.config.model_timeout_secs));
+        turn.replied_at = Some(now);
         self.state.usage.add(turn.usage);
         self.state.model_attempts = 0;
         self.state.model_attempt = Attempt::Unclaimed;
@@ -1471,9 +1479,11 @@ impl Session {
             };
             match waiting {
                 None => call.start().expect("ready calls may start"),
-                Some(w) => call
-                    .defer(token, w, deadline)
-                    .expect("ready calls may defer"),
+                Some(w) => {
+                    call.defer(token, w, deadline)
+                        .expect("ready calls may defer");
+                    call.mark_started(now);
+                }
             }
         }
         self.start_due(now, true);
@@ -1542,6 +1552,7 @@ impl Session {
             if taken.retry {
                 call.attempts += 1;
             }
+            call.mark_started(now);
             if new_child {
                 children += 1;
             }
@@ -1682,9 +1693,13 @@ impl Session {
         if self.state.phase.is_final() && self.state.open.is_none() {
             return;
         }
-        let Some(open) = self.state.open.as_ref() else {
+        let Some(open) = self.state.open.as_mut() else {
             return;
         };
+        // Every path that ends a call settles at the same `now`.
+        for call in open.calls.iter_mut() {
+            call.mark_finished(now);
+        }
         if open.calls.iter().all(|c| c.state().is_final()) {
             let open = self.state.open.take().expect("checked");
             let tool_results = open.calls.into_iter().map(result_entry).collect();
@@ -2087,6 +2102,7 @@ fn result_entry(c: TrackedToolCall) -> ToolResultEntry {
     let token = c.token().cloned();
     let truncate_bytes = c.policy.decorators.truncate_bytes;
     let (call_id, call) = (c.id, c.call.clone());
+    let (started_at, finished_at) = (c.started_at, c.finished_at);
     let outcome = c.into_outcome().expect("final calls hold a result");
     ToolResultEntry {
         call_id,
@@ -2095,6 +2111,8 @@ fn result_entry(c: TrackedToolCall) -> ToolResultEntry {
         token,
         result: with_edit_note(outcome.result, note_on.as_ref()),
         truncate_bytes,
+        started_at,
+        finished_at,
     }
 }
 

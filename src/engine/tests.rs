@@ -288,6 +288,7 @@ fn text(t: &str) -> AgentTurn {
         text: Some(t.into()),
         tool_calls: Vec::new(),
         usage: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -304,6 +305,7 @@ fn calls(names: &[&str]) -> AgentTurn {
             })
             .collect(),
         usage: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -332,6 +332,7 @@ pub fn parse_message(body: &str) -> Result<AnthropicMessage, String> {
                 prompt_tokens: usage("input_tokens") + cache_creation + cache_read,
                 completion_tokens: usage("output_tokens"),
             },
+            ..Default::default()
         },
         stop_reason: v
             .get("stop_reason")

@@ -281,6 +281,7 @@ pub fn parse_completion(body: &str) -> Result<AgentTurn, String> {
         text,
         tool_calls,
         usage,
+        ..Default::default()
     })
 }
 
@@ -315,6 +316,8 @@ mod tests {
             token: None,
             result: ToolResult::text(format!("r-{id}")),
             truncate_bytes: None,
+            started_at: None,
+            finished_at: None,
         }
     }
 
@@ -331,6 +334,7 @@ mod tests {
                 text: None,
                 tool_calls: vec![call("c1"), call("c2"), call("c3")],
                 usage: TokenUsage::default(),
+                ..Default::default()
             }),
             // Delivered out of order: the wire order is the model's.
             Turn::User(UserTurn {

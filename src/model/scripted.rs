@@ -50,6 +50,7 @@ impl ScriptedModel {
                 })
                 .collect(),
             usage: TokenUsage::default(),
+            ..Default::default()
         })
     }
 }

@@ -591,11 +591,12 @@ mod tests {
     use super::*;
     use crate::api::stored::{session_state, session_status};
     use crate::core::conversation::{AgentTurn, ToolResultEntry, UserTurn};
-    use crate::core::{CallId, SessionId, SessionState, ToolResult, Turn};
+    use crate::core::{CallId, Millis, SessionId, SessionState, ToolResult, Turn};
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    /// A long conversation with one 5 MB result.
+    /// A long conversation with one 5 MB result; each reply and the
+    /// result keep their times, archived and spilled with them.
     fn long_state(turns: u32) -> SessionState {
         let mut s = SessionState::new(SessionId("long".into()));
         for i in 0..turns {
@@ -614,6 +615,8 @@ mod tests {
                                 .collect::<String>(),
                         ),
                         truncate_bytes: None,
+                        started_at: Some(Millis(1_000 * i64::from(i))),
+                        finished_at: Some(Millis(1_000 * i64::from(i) + 250)),
                     }]
                 } else {
                     Vec::new()
@@ -621,6 +624,8 @@ mod tests {
             }));
             s.turns.push(Turn::Agent(AgentTurn {
                 text: Some(format!("answer {i}")),
+                asked_at: Some(Millis(1_000 * i64::from(i) + 300)),
+                replied_at: Some(Millis(1_000 * i64::from(i) + 900)),
                 ..Default::default()
             }));
         }
@@ -826,6 +831,8 @@ mod tests {
                     token: None,
                     result: ToolResult::text(noise(turn * 100 + i, bytes)),
                     truncate_bytes: None,
+                    started_at: None,
+                    finished_at: None,
                 })
                 .collect();
             s.turns.push(Turn::User(UserTurn {

@@ -207,7 +207,8 @@ async fn a_click_on_the_page_approves_and_a_user_without_rights_sees_the_refusal
 }
 
 /// An agent whose model calls the MCP server's `confirm` tool, a task that
-/// asks a person before it ends.
+/// asks a person before it ends, and `note`, which runs in the step (no
+/// Event, no Continuation: its times come from the session's state).
 fn asking_agent(url: &str) -> String {
     format!(
         r#"
@@ -219,11 +220,12 @@ spec:
     provider: scripted
     scripted:
       replies:
-        - toolCalls: [{{name: confirm, arguments: {{question: "ship it?"}}}}]
+        - toolCalls: [{{name: confirm, arguments: {{question: "ship it?"}}}}, {{name: note, arguments: {{text: noted}}}}]
         - text: shipped
   tools:
     - name: jobs
       mcp: {{url: "{url}", tools: [confirm]}}
+    - {{name: note, builtin: {{function: echo}}}}
 "#
     )
 }
@@ -443,12 +445,43 @@ async fn check_session_page(http: &reqwest::Client, base: &str, ns: &str) {
         "{timeline}"
     );
     assert!(timeline.contains("completed by mcp-task"), "{timeline}");
+    check_times(timeline);
     assert!(s.contains("<ul id=lineage><li>parent: none</li>"), "{s}");
     assert!(
         s.contains("<table id=events>") && s.contains("CallDeferred"),
         "{s}"
     );
     assert!(s.contains("<td id=phase>Succeeded</td>"), "{s}");
+}
+
+/// The runSync call `note` (no Event, no Continuation) shows when it
+/// started and how long it took, and each model reply when it came: the
+/// times are the session's own, and survive the status's schema.
+fn check_times(timeline: &str) {
+    let row = timeline
+        .split("<tr>")
+        .find(|r| r.starts_with("<td>t1-c1</td>"))
+        .unwrap_or_else(|| panic!("the note call: {timeline}"));
+    assert!(
+        row.contains("runSync") && row.contains(">Completed<"),
+        "{row}"
+    );
+    let cell = |class: &str| {
+        let from = row
+            .find(&format!("<td class={class}>"))
+            .unwrap_or_else(|| panic!("{class}: {row}"));
+        let rest = &row[from + class.len() + 11..];
+        rest[..rest.find("</td>").unwrap()].to_string()
+    };
+    let year = k8s_openapi::jiff::Timestamp::now().to_string()[..4].to_string();
+    assert!(cell("started").starts_with(&year), "a start time: {row}");
+    let took = cell("took");
+    assert!(
+        took.ends_with("ms") || took.ends_with('s'),
+        "a duration: {row}"
+    );
+    let replies = timeline.matches("<span class=\"muted at\">(").count();
+    assert_eq!(replies, 2, "each model reply has its time: {timeline}");
 }
 
 /// Screenshots of the console's pages in headless Chromium, when present.

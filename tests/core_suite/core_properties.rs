@@ -139,6 +139,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
                     prompt_tokens: 1,
                     completion_tokens: 1,
                 },
+                ..Default::default()
             },
         },
         Op::Final => Event::ModelReplied {

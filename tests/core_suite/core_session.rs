@@ -81,6 +81,7 @@ fn three_calls() -> AgentTurn {
             prompt_tokens: 10,
             completion_tokens: 5,
         },
+        ..Default::default()
     }
 }
 

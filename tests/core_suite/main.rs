@@ -6,3 +6,4 @@ mod core_outcome;
 mod core_properties;
 mod core_session;
 mod core_subagents;
+mod core_times;

@@ -36,6 +36,7 @@ impl ModelPort for CountingModel {
                 text: Some("done".into()),
                 tool_calls: Vec::new(),
                 usage: Default::default(),
+                ..Default::default()
             })
         })
     }

@@ -308,6 +308,8 @@ async fn the_adapter_parses_tool_calls_and_sends_results_in_call_order() {
         token: None,
         result: ToolResult::text(text),
         truncate_bytes: None,
+        started_at: None,
+        finished_at: None,
     };
     turns.push(Turn::Agent(turn));
     turns.push(Turn::User(UserTurn {

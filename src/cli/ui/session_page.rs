@@ -356,15 +356,20 @@ fn render_timeline(entries: &[Entry], ns: &str) -> String {
                 );
             }
             Entry::Agent {
-                turn, text, calls, ..
+                turn,
+                text,
+                at,
+                asked,
+                calls,
             } => {
                 let _ = write!(
                     out,
-                    "<div class=\"turn agent\"><b>agent, turn {turn}:</b> {}",
+                    "<div class=\"turn agent\"><b>agent, turn {turn}:</b> {}{}",
+                    reply_time(*at, *asked),
                     escape(text.as_deref().unwrap_or(""))
                 );
                 if !calls.is_empty() {
-                    out.push_str("<table class=calls><tr><th>call</th><th>tool</th><th>arguments</th><th>disposition</th><th>state</th><th>took</th><th>who</th><th>result</th></tr>");
+                    out.push_str("<table class=calls><tr><th>call</th><th>tool</th><th>arguments</th><th>disposition</th><th>state</th><th>started</th><th>took</th><th>who</th><th>result</th></tr>");
                     for c in calls {
                         out.push_str(&call_row(c, ns));
                     }
@@ -388,15 +393,35 @@ fn call_row(c: &CallRow, ns: &str) -> String {
         None => escape(&c.id),
     };
     format!(
-        "<tr><td>{id}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td class=state>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        "<tr><td>{id}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td class=state>{}</td><td class=started>{}</td><td class=took>{}</td><td>{}</td><td>{}</td></tr>",
         escape(&c.tool),
         escape(&c.arguments),
         escape(&c.disposition),
         c.state,
+        c.started.or(c.deferred).map(instant).unwrap_or_default(),
         c.duration().map(duration).unwrap_or_default(),
         escape(&c.who.join("; ")),
         escape(c.result.as_deref().unwrap_or("")),
     )
+}
+
+/// An instant as RFC 3339 in UTC, to the millisecond (as the Jobs table).
+fn instant(ms: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// When a model reply was recorded, and how long the model took where
+/// the ask is known.
+fn reply_time(at: Option<i64>, asked: Option<i64>) -> String {
+    let Some(at) = at else {
+        return String::new();
+    };
+    let took = asked
+        .map(|a| format!(", took {}", duration(at - a)))
+        .unwrap_or_default();
+    format!("<span class=\"muted at\">({}{took})</span> ", instant(at))
 }
 
 fn jobs_table(jobs: &[Job]) -> String {
@@ -482,6 +507,27 @@ mod tests {
     }
 
     #[test]
+    fn the_timeline_shows_a_sync_call_and_a_reply_with_their_times() {
+        let turns = super::timeline::tests::timed_turns();
+        let entries = timeline::entries(
+            &turns,
+            None,
+            &BTreeMap::new(),
+            &EventTimes::new(),
+            &|s: &str| s.to_string(),
+        );
+        let html = render_timeline(&entries, "ns");
+        assert!(
+            html.contains("(1970-01-01T00:00:01Z, took 600ms)"),
+            "the reply's time and the model's: {html}"
+        );
+        assert!(
+            html.contains("<td class=started>1970-01-01T00:00:01.1Z</td><td class=took>250ms</td>"),
+            "{html}"
+        );
+    }
+
+    #[test]
     fn hostile_text_in_the_timeline_shows_as_text() {
         let entries = vec![
             Entry::User("<script>alert(1)</script>".into()),
@@ -489,6 +535,7 @@ mod tests {
                 turn: 1,
                 text: Some("<img src=x onerror=alert(1)>".into()),
                 at: None,
+                asked: None,
                 calls: vec![],
             },
         ];

@@ -1,7 +1,9 @@
 //! A session's conversation as a timeline, from what is stored: the turns
-//! (the state), the calls' Continuations (who decided and completed, and
-//! when) and the session's Events (when the model replied and each result
-//! arrived). Pure: the page reads, this arranges.
+//! (the state, which keeps when each model reply was recorded and when
+//! each call started and ended), the calls' Continuations (who decided and
+//! completed, and when) and the session's Events (when a call was deferred;
+//! the times of sessions stored before the state kept them). Pure: the
+//! page reads, this arranges.
 
 use super::svg::{Lane, Shade, Span};
 use crate::core::session::PartialUserTurn;
@@ -92,7 +94,10 @@ pub enum Entry {
     Agent {
         turn: u32,
         text: Option<String>,
+        /// When the reply was recorded.
         at: Option<i64>,
+        /// When the model was asked for it.
+        asked: Option<i64>,
         calls: Vec<CallRow>,
     },
 }
@@ -118,7 +123,10 @@ pub fn entries(
             }
             Turn::Agent(a) => {
                 turn += 1;
-                let started = events.get(&format!("CallModel/t{turn}")).copied();
+                let started = a
+                    .replied_at
+                    .map(|t| t.0)
+                    .or_else(|| events.get(&format!("CallModel/t{turn}")).copied());
                 let calls = a
                     .tool_calls
                     .iter()
@@ -139,6 +147,7 @@ pub fn entries(
                     turn,
                     text: a.text.as_deref().map(preview),
                     at: started,
+                    asked: a.asked_at.map(|t| t.0),
                     calls,
                 });
             }
@@ -154,20 +163,27 @@ struct Base {
     started: Option<i64>,
 }
 
-/// Results of closed turns by call id: the preview, and whether an error.
-fn results_by_call(
-    turns: &[Turn],
-    preview: &dyn Fn(&str) -> String,
-) -> BTreeMap<String, (String, bool)> {
+/// A closed call's result as the timeline shows it.
+struct Closed {
+    preview: String,
+    error: bool,
+    started: Option<i64>,
+    finished: Option<i64>,
+}
+
+/// Results of closed turns by call id.
+fn results_by_call(turns: &[Turn], preview: &dyn Fn(&str) -> String) -> BTreeMap<String, Closed> {
     let mut out = BTreeMap::new();
     for t in turns {
         if let Turn::User(u) = t {
             for r in &u.tool_results {
-                let error = matches!(r.result, ToolResult::Error { .. });
-                out.insert(
-                    r.call_id.to_string(),
-                    (preview(&r.result.to_model_text()), error),
-                );
+                let closed = Closed {
+                    preview: preview(&r.result.to_model_text()),
+                    error: matches!(r.result, ToolResult::Error { .. }),
+                    started: r.started_at.map(|t| t.0),
+                    finished: r.finished_at.map(|t| t.0),
+                };
+                out.insert(r.call_id.to_string(), closed);
             }
         }
     }
@@ -179,15 +195,22 @@ fn call_row(
     live: Option<&crate::core::TrackedToolCall>,
     facts: &BTreeMap<String, ContinuationFacts>,
     events: &EventTimes,
-    results: &BTreeMap<String, (String, bool)>,
+    results: &BTreeMap<String, Closed>,
 ) -> CallRow {
     let fact = facts.get(&base.id).cloned().unwrap_or_default();
     let closed = results.get(&base.id);
     let state = match (live, closed) {
         (Some(c), _) => c.state(),
-        (None, Some((_, true))) if fact.failed => CallState::Failed,
+        (None, Some(r)) if r.error && fact.failed => CallState::Failed,
         (None, Some(_)) => CallState::Completed,
         (None, None) => CallState::Ready,
+    };
+    // The state's own times first; Events and Continuations for sessions
+    // stored before it kept them.
+    let (kept_start, kept_end) = match (live, closed) {
+        (Some(c), _) => (c.started_at.map(|t| t.0), c.finished_at.map(|t| t.0)),
+        (None, Some(r)) => (r.started, r.finished),
+        (None, None) => (None, None),
     };
     let disposition = match live {
         Some(c) => c.policy.disposition.name().to_string(),
@@ -203,9 +226,8 @@ fn call_row(
     if let Some(by) = completed_by {
         who.push(format!("completed by {by}"));
     }
-    let ended = events
-        .get(&format!("TakeResult/{}", base.id))
-        .copied()
+    let ended = kept_end
+        .or_else(|| events.get(&format!("TakeResult/{}", base.id)).copied())
         .or(fact.completed.as_ref().map(|(t, _)| *t));
     // The Event's time is to the microsecond; a creationTimestamp only to
     // the second, and may read as before the model's reply.
@@ -216,11 +238,11 @@ fn call_row(
     CallRow {
         state,
         disposition,
-        started: base.started,
+        started: kept_start.or(base.started),
         deferred,
         ended: if state.is_final() { ended } else { None },
         who,
-        result: closed.map(|(p, _)| p.clone()),
+        result: closed.map(|r| r.preview.clone()),
         token: Some(fact.token.clone()).filter(|t| !t.is_empty()),
         job: fact.job,
         id: base.id,
@@ -230,10 +252,10 @@ fn call_row(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::core::conversation::ToolResultEntry;
-    use crate::core::{AgentTurn, CallId, ToolCall, UserTurn};
+    use crate::core::{AgentTurn, CallId, Millis, ToolCall, UserTurn};
 
     fn call(name: &str) -> ToolCall {
         ToolCall {
@@ -251,6 +273,8 @@ mod tests {
             token: None,
             result: r,
             truncate_bytes: None,
+            started_at: None,
+            finished_at: None,
         }
     }
 
@@ -346,9 +370,98 @@ mod tests {
                 turn: 2,
                 text: Some("done".into()),
                 at: None,
+                asked: None,
                 calls: vec![]
             }
         );
+    }
+
+    /// A runSync call and a model reply as the core records them now.
+    pub(in crate::cli::ui) fn timed_turns() -> Vec<Turn> {
+        let mut ran = result(1, 0, ToolResult::text("found"));
+        ran.started_at = Some(Millis(1_100));
+        ran.finished_at = Some(Millis(1_350));
+        vec![
+            Turn::Agent(AgentTurn {
+                tool_calls: vec![call("search")],
+                asked_at: Some(Millis(400)),
+                replied_at: Some(Millis(1_000)),
+                ..Default::default()
+            }),
+            Turn::User(UserTurn {
+                message: None,
+                tool_results: vec![ran],
+            }),
+        ]
+    }
+
+    #[test]
+    fn a_sync_call_and_a_reply_show_their_times_without_any_event() {
+        let got = entries(
+            &timed_turns(),
+            None,
+            &BTreeMap::new(),
+            &EventTimes::new(),
+            &|s: &str| s.to_string(),
+        );
+        let Entry::Agent {
+            at, asked, calls, ..
+        } = &got[0]
+        else {
+            panic!("{got:?}")
+        };
+        assert_eq!((*at, *asked), (Some(1_000), Some(400)));
+        let c = &calls[0];
+        assert_eq!(
+            (c.disposition.as_str(), c.state, c.started, c.duration()),
+            ("runSync", CallState::Completed, Some(1_100), Some(250))
+        );
+        assert_eq!(
+            c.lane(9_000)
+                .spans
+                .iter()
+                .map(|s| (s.shade, s.from, s.to))
+                .collect::<Vec<_>>(),
+            vec![
+                (Shade::Running, 1_100, 1_350),
+                (Shade::Completed, 1_350, 1_350)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_open_call_takes_its_times_from_the_state() {
+        let turns = vec![Turn::Agent(AgentTurn {
+            tool_calls: vec![call("search")],
+            replied_at: Some(Millis(1_000)),
+            ..Default::default()
+        })];
+        let mut live = crate::core::TrackedToolCall::new(
+            CallId::new(1, 0),
+            call("search"),
+            Default::default(),
+        );
+        live.start().unwrap();
+        live.mark_started(Millis(1_200));
+        let open = PartialUserTurn {
+            turn: 1,
+            calls: vec![live],
+        };
+        let got = entries(
+            &turns,
+            Some(&open),
+            &BTreeMap::new(),
+            &EventTimes::new(),
+            &|s: &str| s.to_string(),
+        );
+        let Entry::Agent { calls, .. } = &got[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (calls[0].state, calls[0].started),
+            (CallState::Running, Some(1_200))
+        );
+        assert_eq!(calls[0].lane(1_500).spans[0].to, 1_500, "runs to now");
     }
 
     #[test]

@@ -61,6 +61,13 @@ pub struct FlatCall {
     /// What the MCP task asks for (JSON), while it waits for input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_asks: Option<String>,
+    /// When the call started: its first attempt's claim, or its first
+    /// wait (milliseconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Millis>,
+    /// When the call became final (milliseconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Millis>,
 }
 
 /// A stored call that cannot be loaded, and why.
@@ -102,6 +109,8 @@ impl From<TrackedToolCall> for FlatCall {
             claim,
             task: c.task,
             task_asks,
+            started_at: c.started_at,
+            finished_at: c.finished_at,
         }
     }
 }
@@ -124,6 +133,8 @@ impl TryFrom<FlatCall> for TrackedToolCall {
             approval: f.approval,
             task: f.task,
             stage,
+            started_at: f.started_at,
+            finished_at: f.finished_at,
         })
     }
 }

@@ -28,6 +28,8 @@ fn result(index: u32, id: &str, result: ToolResult) -> ToolResultEntry {
         token: None,
         result,
         truncate_bytes: None,
+        started_at: None,
+        finished_at: None,
     }
 }
 
@@ -43,6 +45,7 @@ fn agent(text: Option<&str>, tool_calls: Vec<ToolCall>) -> Turn {
         text: text.map(str::to_string),
         tool_calls,
         usage: TokenUsage::default(),
+        ..Default::default()
     })
 }
 

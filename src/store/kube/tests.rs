@@ -14,6 +14,8 @@ fn a_packed_status_lists_with_its_phase() {
             token: None,
             result: ToolResult::text("x".repeat(spill::INLINE_RESULT_BYTES * 2)),
             truncate_bytes: None,
+            started_at: None,
+            finished_at: None,
         }],
     }));
     state.turns.push(Turn::Agent(AgentTurn::default()));

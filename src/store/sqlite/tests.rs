@@ -117,6 +117,7 @@ fn waiting_session() -> (SessionState, Vec<ContinuationSpec>) {
                     arguments: r#"{"q":"x"}"#.into(),
                 }],
                 usage: Default::default(),
+                ..Default::default()
             },
         },
         Millis(2),
@@ -159,6 +160,13 @@ async fn sessions_round_trip_and_writes_are_compare_and_swap() {
     let loaded = store.load_session(&state.id).await.unwrap().unwrap();
     assert_eq!(loaded.value, record(state.clone()), "lossless round trip");
     assert_eq!(loaded.version, v1);
+    // The times the core keeps for people are part of what comes back.
+    let call = &loaded.value.state.open.as_ref().unwrap().calls[0];
+    assert_eq!(call.started_at, Some(Millis(2)));
+    assert!(matches!(
+        &loaded.value.state.turns[1],
+        crate::core::Turn::Agent(a) if a.replied_at == Some(Millis(2))
+    ));
 
     let mut changed = record(state.clone());
     changed.state.paused = true;
@@ -322,6 +330,7 @@ fn approval_session() -> (Session, Vec<ContinuationSpec>) {
                 text: None,
                 tool_calls: vec![call(0), call(1), call(2)],
                 usage: Default::default(),
+                ..Default::default()
             },
         },
         Millis(2),
