@@ -22,8 +22,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const PROMPT_TOKENS: u64 = 10;
 const COMPLETION_TOKENS: u64 = 5;
 
-/// The fake model: `top` and `mid` call their sub-agent, `guarded` calls
-/// `deploy`; each answers once its call is back, quoting the result.
+/// The fake model: `top`, `mid` and `boss` call their sub-agent, `guarded`
+/// calls `deploy`; each answers once its call is back, quoting the result.
 fn model() -> Server {
     Server::start(move |req| {
         let body = req.json();
@@ -47,6 +47,7 @@ fn model() -> Server {
             ("top", None) => call("mid", json!({"prompt": "plan the release"})),
             ("mid", None) => call("guarded", json!({"prompt": "ship it"})),
             ("guarded", None) => call("deploy", json!({"to": "prod"})),
+            ("boss", None) => call("waits", json!({"prompt": "wait for a number"})),
             (_, Some(r)) => json!({"role": "assistant", "content": format!("{system} saw [{r}]")}),
             (_, None) => json!({"role": "assistant", "content": "?"}),
         };
