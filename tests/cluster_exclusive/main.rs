@@ -23,4 +23,5 @@ mod cluster_console_scale;
 mod cluster_helm;
 mod cluster_killloop;
 mod cluster_scale;
+mod cluster_subagent_bench;
 mod cluster_writes;
