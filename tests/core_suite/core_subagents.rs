@@ -407,3 +407,47 @@ fn a_failed_childs_usage_is_added_with_its_error() {
     assert_eq!(s.state().usage.total(), own.total() + 8);
     assert!(result_text(&s, CallId::new(1, 0)).contains("the child failed"));
 }
+
+/// Fan-out is not an error for the model: past `maxChildren` the calls
+/// wait their turn, and the model's next turn gets every child's answer.
+#[test]
+fn past_max_children_the_model_still_gets_every_childs_answer() {
+    let lineage = Lineage {
+        max_children: 2,
+        ..Lineage::default()
+    };
+    let calls = (0..3)
+        .map(|i| call(i, "researcher", r#"{"prompt":"x"}"#))
+        .collect();
+    let (mut s, actions) = replied(config(lineage), calls);
+    assert_eq!(starts(&actions).len(), 2, "two run at once");
+    let root = SessionId("root".into());
+    let mut now = T0;
+    for i in 0..3 {
+        now = now.plus_secs(1);
+        let config = s.config().clone();
+        s = Session::restore(s.into_state(), config, now);
+        let started: Vec<String> = starts(&drain(&mut s))
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        assert!(started.len() <= 2, "never more than two: {started:?}");
+        s.handle(
+            Event::AttemptFinished {
+                token: ContinuationToken::for_call(&root, CallId::new(1, i)),
+                attempt: 1,
+                result: ToolResult::text(format!("answer {i}")),
+            },
+            now,
+        )
+        .unwrap();
+        drain(&mut s);
+    }
+    assert_eq!(s.state().phase, Phase::AwaitingModel);
+    for i in 0..3 {
+        assert_eq!(
+            result_text(&s, CallId::new(1, i as u32)),
+            format!("answer {i}")
+        );
+    }
+}
