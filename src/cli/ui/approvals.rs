@@ -414,3 +414,27 @@ fn conversation(turns: &[Turn]) -> String {
     out.push_str("</div>");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_agents_call_shows_its_path_from_the_root() {
+        let paths = TreePaths::from([
+            (
+                ("ns".to_string(), "root-t1-c0".to_string()),
+                vec!["root".to_string()],
+            ),
+            (("ns".to_string(), "root".to_string()), Vec::new()),
+        ]);
+        let cell = session_cell("ns", "root-t1-c0", &paths);
+        assert!(
+            cell.starts_with("<span class=path>root &gt; </span><a href="),
+            "{cell}"
+        );
+        assert!(cell.ends_with(">root-t1-c0</a>"), "{cell}");
+        let plain = session_cell("ns", "root", &paths);
+        assert!(plain.starts_with("<a href="), "a root shows alone: {plain}");
+    }
+}
