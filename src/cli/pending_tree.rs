@@ -71,8 +71,9 @@ async fn tree_sessions(session: &str, sel: &StoreSel) -> anyhow::Result<Option<V
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     let api: Api<Session> = Api::namespaced(kube::Client::try_from(config)?, &ns);
-    let Some(named) = api.get_opt(session).await? else {
-        // The store's own lookup says so, with its hint.
+    // Not found, or not to be read this way (a role that may read one
+    // session's calls but not list sessions): the session's own waits.
+    let Some(named) = api.get_opt(session).await.or_else(forbidden)? else {
         return Ok(None);
     };
     let root = named
@@ -80,10 +81,15 @@ async fn tree_sessions(session: &str, sel: &StoreSel) -> anyhow::Result<Option<V
         .get(LABEL_ROOT)
         .cloned()
         .unwrap_or_else(|| session.to_string());
-    let mut all = api
+    let Some(listed) = api
         .list(&ListParams::default().labels(&format!("{LABEL_ROOT}={root}")))
-        .await?
-        .items;
+        .await
+        .map(Some)
+        .or_else(forbidden)?
+    else {
+        return Ok(None);
+    };
+    let mut all = listed.items;
     if all.is_empty() {
         return Ok(None);
     }
@@ -91,6 +97,15 @@ async fn tree_sessions(session: &str, sel: &StoreSel) -> anyhow::Result<Option<V
         all.push(named);
     }
     Ok(Some(all))
+}
+
+/// A read the caller's role does not allow is no tree (`None`); any
+/// other error is one.
+fn forbidden<T>(e: kube::Error) -> Result<Option<T>, kube::Error> {
+    match e {
+        kube::Error::Api(ref r) if r.code == 403 => Ok(None),
+        e => Err(e),
+    }
 }
 
 /// The open calls of one session that wait on someone else, as `pending`
