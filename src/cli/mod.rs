@@ -4,6 +4,7 @@
 mod docs_cmd;
 mod logging;
 mod operator_cmd;
+mod pending_tree;
 pub use crate::standalone::out;
 mod run_cmd;
 mod session_cmd;

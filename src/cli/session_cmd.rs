@@ -75,7 +75,7 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             session,
             store,
             output: o,
-        } => commands::pending(&session, &sel(&store), output(o)).await,
+        } => super::pending_tree::run(&session, &sel(&store), output(o)).await,
         SessionCommand::Tree {
             session,
             store,

@@ -14,12 +14,7 @@ fn node(s: &Session, all: &[Session]) -> Value {
     let status = s.status.as_ref();
     let children: Vec<Value> = all
         .iter()
-        .filter(|c| {
-            c.spec
-                .parent
-                .as_ref()
-                .is_some_and(|p| p.name == s.name_any() && Some(&p.uid) == s.uid().as_ref())
-        })
+        .filter(|c| is_child_of(c, s))
         .map(|c| node(c, all))
         .collect();
     json!({
@@ -53,6 +48,45 @@ pub fn render(tree: &Value, indent: usize, out: &mut String) {
     for c in tree["children"].as_array().into_iter().flatten() {
         render(c, indent + 1, out);
     }
+}
+
+/// Whether `child` was made by `parent` (named by it, with its UID).
+fn is_child_of(child: &Session, parent: &Session) -> bool {
+    child
+        .spec
+        .parent
+        .as_ref()
+        .is_some_and(|p| p.name == parent.name_any() && Some(&p.uid) == parent.uid().as_ref())
+}
+
+/// `root` and its descendants among `all`, parents before their children,
+/// each with its path from `root` (`root`'s own name first).
+pub fn subtree<'a>(root: &'a Session, all: &'a [Session]) -> Vec<(Vec<String>, &'a Session)> {
+    let mut out = Vec::new();
+    let mut todo = vec![(vec![root.name_any()], root)];
+    while let Some((path, s)) = todo.pop() {
+        let mut kids: Vec<&Session> = all.iter().filter(|c| is_child_of(c, s)).collect();
+        kids.sort_by_key(|c| std::cmp::Reverse(c.name_any()));
+        for c in kids {
+            let mut p = path.clone();
+            p.push(c.name_any());
+            todo.push((p, c));
+        }
+        out.push((path, s));
+    }
+    out
+}
+
+/// A session's path from the root of its tree, as `spec.parent` records
+/// it (`root > child > grandchild`); just its name for a root.
+pub fn path_of(s: &Session) -> String {
+    let mut parts: Vec<String> = match &s.spec.parent {
+        Some(p) if p.stack.is_empty() => vec![p.name.clone()],
+        Some(p) => p.stack.iter().map(|e| e.session.clone()).collect(),
+        None => Vec::new(),
+    };
+    parts.push(s.name_any());
+    parts.join(" > ")
 }
 
 /// The tree under `name`, from the Sessions of the namespace.
@@ -109,6 +143,19 @@ mod tests {
     }
 
     #[test]
+    fn a_sessions_path_comes_from_its_call_stack() {
+        let mut s = session("c2", "u2", Some(("c1", "u1", 2)));
+        assert_eq!(path_of(&s), "c1 > c2", "no stack: the parent alone");
+        s.spec.parent.as_mut().unwrap().stack = serde_json::from_value(json!([
+            {"agent": "a", "session": "root", "depth": 0},
+            {"agent": "b", "session": "c1", "depth": 1}
+        ]))
+        .unwrap();
+        assert_eq!(path_of(&s), "root > c1 > c2");
+        assert_eq!(path_of(&session("root", "u0", None)), "root");
+    }
+
+    #[test]
     fn a_tree_shows_each_child_under_its_parent_by_uid() {
         let all = vec![
             session("root", "u0", None),
@@ -123,6 +170,18 @@ mod tests {
         assert_eq!(
             text,
             "root [Pending] agent a depth 0 tokens 0\n  root-t1-c0 [Pending] agent a depth 1 call t1-c0 tokens 0\n    root-t1-c0-t1-c0 [Pending] agent a depth 2 call t1-c0 tokens 0\n"
+        );
+        let order: Vec<String> = subtree(&all[0], &all)
+            .into_iter()
+            .map(|(path, _)| path.join(" > "))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "root",
+                "root > root-t1-c0",
+                "root > root-t1-c0 > root-t1-c0-t1-c0"
+            ]
         );
         assert!(tree("nope", &all)
             .unwrap_err()

@@ -502,6 +502,13 @@ pub enum Event {
         token: ContinuationToken,
         result: ToolResult,
     },
+    /// A sub-agent call's answer (`answer`: `AttemptFinished` or `Wake`)
+    /// with the child's final usage, added to this session's when the
+    /// answer ends the call (see [`Session::take_child_answer`]).
+    ChildAnswered {
+        answer: Box<Event>,
+        usage: TokenUsage,
+    },
     /// A continuation was completed from outside (a user, a worker, the cache).
     Wake {
         token: ContinuationToken,
@@ -833,6 +840,7 @@ impl Session {
                 Ok(Handled::Done)
             }
             Event::Retry => self.on_retry(now).map(|_| Handled::Done),
+            Event::ChildAnswered { answer, usage } => self.take_child_answer(*answer, usage, now),
         }
     }
 

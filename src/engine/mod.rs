@@ -251,7 +251,7 @@ pub fn preview_state(
         .collect();
     for (token, waiting) in deferred {
         if let Some(rec) = continuations.iter().find(|r| r.token() == &token) {
-            apply_record(&quiet, &mut session, rec, waiting, now);
+            apply_record(&quiet, &mut session, rec, waiting, now, None);
         }
     }
     session.into_state()
@@ -641,9 +641,25 @@ async fn absorb(
         let Some(rec) = records.iter().find(|r| r.token() == &token) else {
             continue;
         };
-        apply_record(p.observer, session, rec, waiting, now);
+        let usage = recorded_child_usage(p, session, rec, waiting).await;
+        apply_record(p.observer, session, rec, waiting, now, usage);
     }
     Ok(session.state() != &before)
+}
+
+/// A child's answer recorded in its call's continuation before a crash:
+/// the child's usage, read again, to be counted with the answer.
+async fn recorded_child_usage(
+    p: &Ports<'_>,
+    session: &Session,
+    rec: &ContinuationRecord,
+    waiting: Option<WaitingFor>,
+) -> Option<crate::core::TokenUsage> {
+    if waiting != Some(WaitingFor::SubAgent) || rec.result.is_none() {
+        return None;
+    }
+    let child = session.child_plan(rec.token())?;
+    p.runner.child_usage(&child).await
 }
 
 /// Applies one continuation record's decision and result.
@@ -653,6 +669,7 @@ fn apply_record(
     rec: &ContinuationRecord,
     waiting: Option<WaitingFor>,
     now: crate::core::Millis,
+    child_usage: Option<crate::core::TokenUsage>,
 ) {
     if session.state().phase.is_final() {
         return;
@@ -694,14 +711,12 @@ fn apply_record(
     });
     if let (Some(result), true) = (&rec.result, still_deferred) {
         let by = rec.completed_by.clone().unwrap_or_default();
-        let woke = session.handle(
-            Event::Wake {
-                token: token.clone(),
-                result: result.clone(),
-                by: by.clone(),
-            },
-            now,
-        );
+        let wake = Event::Wake {
+            token: token.clone(),
+            result: result.clone(),
+            by: by.clone(),
+        };
+        let woke = session.handle(perform::with_child_usage(wake, child_usage), now);
         if woke.is_ok() {
             if let Some(at) = rec.completed_at {
                 observer.observe(&Progress::Woke {

@@ -310,7 +310,9 @@ pub(super) async fn ensure_continuation(
         .await?;
     } else if record.decision.is_some() || record.result.is_some() {
         // Written from outside before we got here (or before a crash).
-        apply_record(p.observer, session, &record, Some(spec.waiting_for), now);
+        let waiting = Some(spec.waiting_for);
+        let usage = recorded_child_usage(p, session, &record, waiting).await;
+        apply_record(p.observer, session, &record, waiting, now, usage);
     } else if let Some(hit) = cache_hit(p, &spec).await? {
         // Only calls that run by themselves may be answered from the
         // cache; an approval or a person's answer is never skipped.
@@ -489,7 +491,13 @@ pub(super) async fn run_attempt(
         p.runner.start(kind, envelope, attempt, timeout).await
     };
     let by = p.runner.label(kind);
-    finish_attempt(p, session, envelope, attempt, status, by, sid, replay);
+    let usage = match (kind, &status) {
+        (RunKind::SubAgent(child), RunStatus::Finished(_)) => p.runner.child_usage(child).await,
+        _ => None,
+    };
+    finish_attempt(
+        p, session, envelope, attempt, status, by, sid, replay, usage,
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -502,6 +510,7 @@ pub(super) fn finish_attempt(
     by: &'static str,
     sid: &str,
     replay: &mut Vec<Event>,
+    child_usage: Option<crate::core::TokenUsage>,
 ) {
     let result = match status {
         RunStatus::Finished(result) => result,
@@ -530,6 +539,7 @@ pub(super) fn finish_attempt(
         attempt,
         result,
     };
+    let event = with_child_usage(event, child_usage);
     replay.push(event.clone());
     refuse_logged(sid, "attempt result", session.handle(event, p.clock.now()));
     note_retry(p, session, &envelope.token, attempt, failed, sid);
@@ -572,5 +582,16 @@ pub(super) async fn cache_hit(
     match &spec.cache_key {
         Some(k) => patiently(p.clock, "a cache lookup", || p.cache.lookup(k)).await,
         None => Ok(None),
+    }
+}
+
+/// A sub-agent's answer carries its child's usage into the parent's.
+pub(super) fn with_child_usage(answer: Event, usage: Option<crate::core::TokenUsage>) -> Event {
+    match usage {
+        Some(usage) => Event::ChildAnswered {
+            answer: Box::new(answer),
+            usage,
+        },
+        None => answer,
     }
 }

@@ -263,6 +263,13 @@ impl RunnerPort for SessionRunner {
         Box::pin(self.children.release(token))
     }
 
+    fn child_usage<'a>(
+        &'a self,
+        child: &'a crate::core::session::subagent::ChildPlan,
+    ) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        Box::pin(self.children.usage(child))
+    }
+
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",

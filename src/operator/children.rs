@@ -10,12 +10,13 @@ use crate::api::session::{AgentRef, ParentRef, SessionPhase};
 use crate::api::Continuation;
 use crate::api::{Session, SessionSpec};
 use crate::core::session::subagent::ChildPlan;
-use crate::core::{ContinuationToken, ToolResult};
+use crate::core::{ContinuationToken, TokenUsage, ToolResult};
 use crate::ports::RunStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use tracing::{info, warn};
 
 /// The label naming a child's parent Session.
@@ -37,6 +38,9 @@ pub struct Children {
     pub parent_uid: String,
     /// A paused parent makes its children paused.
     pub paused: bool,
+    /// The final usage of each ended child this step read, by name: the
+    /// usage is added with the child's answer, without reading it again.
+    pub ended_usage: Mutex<BTreeMap<String, TokenUsage>>,
 }
 
 impl Children {
@@ -77,6 +81,17 @@ impl Children {
             }
             Ok(None) | Err(_) => RunStatus::InFlight,
         }
+    }
+
+    /// The final usage of the child of `plan`, if it is this session's and
+    /// has ended (read again only after a crash lost the step that saw it).
+    pub async fn usage(&self, plan: &ChildPlan) -> Option<TokenUsage> {
+        if let Some(u) = self.ended_usage.lock().expect("usage lock").get(&plan.name) {
+            return Some(*u);
+        }
+        let child = self.api().get_opt(&plan.name).await.ok()??;
+        (owned_by(&child, &self.parent_uid) && is_final(&child))
+            .then(|| child.status.map(|s| s.usage).unwrap_or_default())
     }
 
     /// Pauses or resumes an owned child that is still running as its
@@ -223,6 +238,12 @@ impl Children {
             )));
         }
         let status = child.status.as_ref();
+        if let (true, Some(s)) = (is_final(child), status) {
+            self.ended_usage
+                .lock()
+                .expect("usage lock")
+                .insert(plan.name.clone(), s.usage);
+        }
         match status.map(|s| s.phase) {
             Some(SessionPhase::Succeeded) => RunStatus::Finished(ToolResult::text(
                 status.and_then(|s| s.answer.clone()).unwrap_or_default(),

@@ -236,6 +236,7 @@ async fn step_session(
             parent: session.name_any(),
             parent_uid: session.uid().unwrap_or_default(),
             paused: session.spec.paused,
+            ended_usage: Default::default(),
         },
     };
     let ports = Ports::over_store(store, &model, &tools, &runner, &observer)

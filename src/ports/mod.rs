@@ -243,6 +243,16 @@ pub trait RunnerPort: Send + Sync {
         Box::pin(async {})
     }
 
+    /// The final token usage of a sub-agent call's child that has ended
+    /// (`None`: not known, nothing is added to the parent's usage).
+    fn child_usage<'a>(
+        &'a self,
+        child: &'a crate::core::session::subagent::ChildPlan,
+    ) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        let _ = child;
+        Box::pin(async { None })
+    }
+
     /// How results of this runner are labelled in progress lines.
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {

@@ -25,4 +25,5 @@ mod cluster_helm;
 mod cluster_killloop;
 mod cluster_scale;
 mod cluster_slots;
+mod cluster_subagent_bench;
 mod cluster_writes;

@@ -244,6 +244,14 @@ async fn tree_of_sub_agents(kills: usize) {
         turns.values().all(|n| *n as usize <= 1 + kills),
         "turns asked more than once: {turns:?}\n{log}"
     );
+    // Usage up the tree, once across kills: the root's usage is every
+    // recorded model turn of the tree (14 turns, 10 + 5 tokens each).
+    let usage = root.status.as_ref().unwrap().usage;
+    assert_eq!(
+        (usage.prompt_tokens, usage.completion_tokens),
+        (14 * 10, 14 * 5),
+        "the root's usage after {kills} kills\n{log}"
+    );
     // Each child's answer taken once: the root quotes each leaf once.
     for i in 0..3 {
         for j in 0..2 {

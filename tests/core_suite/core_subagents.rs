@@ -300,3 +300,154 @@ fn a_childs_lineage_rides_in_every_call_context() {
         .collect();
     assert_eq!(sessions, ["top", "root"]);
 }
+
+#[test]
+fn a_call_past_max_depth_without_a_cycle_is_refused_as_too_deep() {
+    let lineage = Lineage {
+        depth: 1,
+        ancestors: vec![StackEntry {
+            agent: "boss".into(),
+            session: "top".into(),
+            depth: 0,
+        }],
+        max_depth: 1,
+        ..Lineage::default()
+    };
+    let (s, actions) = replied(
+        config(lineage),
+        vec![call(0, "researcher", r#"{"prompt":"x"}"#)],
+    );
+    assert!(starts(&actions).is_empty(), "no child: {actions:#?}");
+    let why = result_text(&s, CallId::new(1, 0));
+    assert!(why.contains("sub-agent call refused (too deep)"), "{why}");
+    assert!(!why.contains("cycle"), "{why}");
+    assert!(
+        why.contains("a child at depth 2 passes maxDepth 1"),
+        "{why}"
+    );
+    assert!(
+        why.contains("boss (top) -> planner (root) -> researcher"),
+        "{why}"
+    );
+    assert!(why.contains("raise spec.maxDepth"), "{why}");
+}
+
+/// The child's final usage is added to the parent's with its answer, once:
+/// an answer handled again (a replayed step, a second delivery) adds
+/// nothing, and the path after a crash (the answer read from the call's
+/// continuation) adds it as the runner's path does.
+#[test]
+fn a_childs_usage_is_added_once_with_its_answer() {
+    let usage = TokenUsage {
+        prompt_tokens: 30,
+        completion_tokens: 12,
+    };
+    let token = ContinuationToken::for_call(&SessionId("root".into()), CallId::new(1, 0));
+    let answer = |token: &ContinuationToken| Event::ChildAnswered {
+        answer: Box::new(Event::AttemptFinished {
+            token: token.clone(),
+            attempt: 1,
+            result: ToolResult::text("the tide is high"),
+        }),
+        usage,
+    };
+    let (mut s, _) = replied(
+        config(Lineage::default()),
+        vec![call(0, "researcher", r#"{"prompt":"x"}"#)],
+    );
+    let own = s.state().usage;
+    s.handle(answer(&token), T0).unwrap();
+    drain(&mut s);
+    let mut expected = own;
+    expected.add(usage);
+    assert_eq!(s.state().usage, expected, "added with the answer");
+    s.handle(answer(&token), T0).unwrap();
+    assert_eq!(s.state().usage, expected, "a second delivery adds nothing");
+
+    // After a crash: the answer comes back from the continuation (a wake).
+    let (mut s, _) = replied(
+        config(Lineage::default()),
+        vec![call(0, "researcher", r#"{"prompt":"x"}"#)],
+    );
+    let wake = Event::ChildAnswered {
+        answer: Box::new(Event::Wake {
+            token: token.clone(),
+            result: ToolResult::text("the tide is high"),
+            by: "agents".into(),
+        }),
+        usage,
+    };
+    s.handle(wake, T0).unwrap();
+    assert_eq!(s.state().usage, expected, "the wake path adds it too");
+    assert_eq!(result_text(&s, CallId::new(1, 0)), "the tide is high");
+}
+
+/// A child that failed spent its tokens too: its usage comes with the
+/// error result the call ends with.
+#[test]
+fn a_failed_childs_usage_is_added_with_its_error() {
+    let (mut s, _) = replied(
+        config(Lineage::default()),
+        vec![call(0, "researcher", r#"{"prompt":"x"}"#)],
+    );
+    let token = ContinuationToken::for_call(&SessionId("root".into()), CallId::new(1, 0));
+    let own = s.state().usage;
+    let failed = Event::ChildAnswered {
+        answer: Box::new(Event::AttemptFinished {
+            token,
+            attempt: 1,
+            result: ToolResult::error("the child failed"),
+        }),
+        usage: TokenUsage {
+            prompt_tokens: 7,
+            completion_tokens: 1,
+        },
+    };
+    s.handle(failed, T0).unwrap();
+    assert_eq!(s.state().usage.total(), own.total() + 8);
+    assert!(result_text(&s, CallId::new(1, 0)).contains("the child failed"));
+}
+
+/// Fan-out is not an error for the model: past `maxChildren` the calls
+/// wait their turn, and the model's next turn gets every child's answer.
+#[test]
+fn past_max_children_the_model_still_gets_every_childs_answer() {
+    let lineage = Lineage {
+        max_children: 2,
+        ..Lineage::default()
+    };
+    let calls = (0..3)
+        .map(|i| call(i, "researcher", r#"{"prompt":"x"}"#))
+        .collect();
+    let (mut s, actions) = replied(config(lineage), calls);
+    assert_eq!(starts(&actions).len(), 2, "two run at once");
+    let root = SessionId("root".into());
+    let mut now = T0;
+    for i in 0..3 {
+        now = now.plus_secs(1);
+        let config = s.config().clone();
+        s = Session::restore(s.into_state(), config, now);
+        let started: Vec<String> = starts(&drain(&mut s))
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        assert!(started.len() <= 2, "never more than two: {started:?}");
+        s.handle(
+            Event::AttemptFinished {
+                token: ContinuationToken::for_call(&root, CallId::new(1, i)),
+                attempt: 1,
+                result: ToolResult::text(format!("answer {i}")),
+            },
+            now,
+        )
+        .unwrap();
+        drain(&mut s);
+    }
+    assert_eq!(s.state().phase, Phase::AwaitingModel);
+    for i in 0..3 {
+        assert_eq!(
+            result_text(&s, CallId::new(1, i as u32)),
+            format!("answer {i}")
+        );
+    }
+}

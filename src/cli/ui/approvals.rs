@@ -12,7 +12,8 @@ use super::session_page::PREVIEW_BYTES;
 use super::sessions::wait_name;
 use super::Ui;
 use crate::api::session::WaitingForName;
-use crate::api::Continuation;
+use crate::api::{Continuation, Session};
+use crate::cli::tree_cmd::path_of;
 use crate::core::{ContinuationToken, SessionId, ToolResult, Turn};
 use crate::ports::records::{Decision, WriteOnce};
 use crate::ports::{ContinuationPort, SessionPort};
@@ -21,6 +22,7 @@ use crate::store::kube::KubeStore;
 use hyper::StatusCode;
 use kube::api::Api;
 use kube::ResourceExt;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// The most of a call's arguments the list shows.
@@ -75,7 +77,8 @@ impl Ui {
         if found.items.is_empty() {
             body.push_str("<p id=none>No call waits for a person.</p>");
         } else {
-            body.push_str(&waiting_table(&found.items));
+            let paths = self.tree_paths(&found.items).await;
+            body.push_str(&waiting_table(&found.items, &paths));
         }
         if let Some(next) = &found.next {
             let limit = ask.limit.to_string();
@@ -238,7 +241,50 @@ fn check_call(only: Option<&str>, ns: &str, token: &str) -> Result<(), String> {
     }
 }
 
-fn waiting_table(items: &[Continuation]) -> String {
+/// (namespace, session) -> the sessions above it in its sub-agent tree.
+type TreePaths = BTreeMap<(String, String), Vec<String>>;
+
+impl Ui {
+    /// The path from the root of each listed call's session that is a
+    /// sub-agent (one read a session; a session not read shows alone).
+    async fn tree_paths(&self, items: &[Continuation]) -> TreePaths {
+        let mut paths = TreePaths::new();
+        for c in items {
+            let key = (c.namespace().unwrap_or_default(), c.spec.session.clone());
+            if paths.contains_key(&key) {
+                continue;
+            }
+            let api: Api<Session> = Api::namespaced(self.client.clone(), &key.0);
+            let above = match api.get_opt(&key.1).await {
+                Ok(Some(s)) if s.spec.parent.is_some() => {
+                    let mut path: Vec<String> =
+                        path_of(&s).split(" > ").map(str::to_string).collect();
+                    path.pop();
+                    path
+                }
+                _ => Vec::new(),
+            };
+            paths.insert(key, above);
+        }
+        paths
+    }
+}
+
+/// The session cell: its path from the root of its tree, then its link.
+fn session_cell(ns: &str, session: &str, paths: &TreePaths) -> String {
+    let above = paths
+        .get(&(ns.to_string(), session.to_string()))
+        .filter(|p| !p.is_empty())
+        .map(|p| format!("<span class=path>{} &gt; </span>", escape(&p.join(" > "))))
+        .unwrap_or_default();
+    format!(
+        "{above}<a href=\"{}\">{}</a>",
+        href("/session", &[("ns", ns), ("name", session)]),
+        escape(session)
+    )
+}
+
+fn waiting_table(items: &[Continuation], paths: &TreePaths) -> String {
     let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
     let mut out = String::from(
         "<table id=calls><tr><th>namespace</th><th>session</th><th>tool</th><th>arguments</th><th>waits for</th>\
@@ -253,11 +299,10 @@ fn waiting_table(items: &[Continuation]) -> String {
             .unwrap_or_default();
         let _ = write!(
             out,
-            "<tr><td>{}</td><td><a href=\"{}\">{}</a></td><td>{}</td><td><code class=args>{}</code></td><td>{}</td><td class=age>{created}</td>\
+            "<tr><td>{}</td><td class=session>{}</td><td>{}</td><td><code class=args>{}</code></td><td>{}</td><td class=age>{created}</td>\
              <td class=quorum>{}</td><td>{}</td><td><a class=open href=\"{}\">{}</a></td></tr>",
             escape(&ns),
-            href("/session", &[("ns", &ns), ("name", &c.spec.session)]),
-            escape(&c.spec.session),
+            session_cell(&ns, &c.spec.session, paths),
             escape(&c.spec.tool_call.name),
             escape(&clip(&c.spec.tool_call.arguments, ARGS_PREVIEW_BYTES)),
             escape(wait_name(s.waiting_for)),
@@ -368,4 +413,28 @@ fn conversation(turns: &[Turn]) -> String {
     }
     out.push_str("</div>");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_agents_call_shows_its_path_from_the_root() {
+        let paths = TreePaths::from([
+            (
+                ("ns".to_string(), "root-t1-c0".to_string()),
+                vec!["root".to_string()],
+            ),
+            (("ns".to_string(), "root".to_string()), Vec::new()),
+        ]);
+        let cell = session_cell("ns", "root-t1-c0", &paths);
+        assert!(
+            cell.starts_with("<span class=path>root &gt; </span><a href="),
+            "{cell}"
+        );
+        assert!(cell.ends_with(">root-t1-c0</a>"), "{cell}");
+        let plain = session_cell("ns", "root", &paths);
+        assert!(plain.starts_with("<a href="), "a root shows alone: {plain}");
+    }
 }

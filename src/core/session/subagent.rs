@@ -5,9 +5,11 @@
 //! anything is claimed; making the child is a driver's effect, through the
 //! runner port, after the call's claim is committed.
 
-use super::{SessionConfig, TrackedToolCall};
+use super::{CoreError, Event, Handled, Session, SessionConfig, TrackedToolCall};
 use crate::core::call::{Attempt, CallStage, Wait};
+use crate::core::conversation::TokenUsage;
 use crate::core::ids::{CallId, ContinuationToken, SessionId, MAX_NAME_LEN};
+use crate::core::policy::Disposition;
 use crate::core::time::Millis;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -248,4 +250,51 @@ pub fn call_stack(config: &SessionConfig, session: &SessionId) -> Vec<StackEntry
     let mut stack = config.lineage.ancestors.clone();
     stack.push(own_entry(config, session));
     stack
+}
+
+impl Session {
+    /// The child the open sub-agent call under `token` makes on its
+    /// current attempt (for a driver that reads the child again).
+    pub fn child_plan(&self, token: &ContinuationToken) -> Option<ChildPlan> {
+        let call = self.state.find_call(token)?;
+        match &call.policy.disposition {
+            Disposition::SubAgent { agent } => {
+                Some(plan(&self.state.id, &self.config, call, agent))
+            }
+            _ => None,
+        }
+    }
+
+    /// A sub-agent call's answer (`AttemptFinished` from the runner, or
+    /// `Wake` from its continuation after a crash), with the child's final
+    /// usage. The usage is added to this session's only when this event is
+    /// what ends the call: the state that ends the call is the state that
+    /// holds the child's tokens, so they are counted once across crashes
+    /// (a replayed step starts again from the state before).
+    pub(super) fn take_child_answer(
+        &mut self,
+        event: Event,
+        usage: TokenUsage,
+        now: Millis,
+    ) -> Result<Handled, CoreError> {
+        let token = match &event {
+            Event::AttemptFinished { token, .. } | Event::Wake { token, .. } => token.clone(),
+            // Not an answer: nothing to count.
+            _ => return self.handle(event, now),
+        };
+        let open_before = self
+            .state
+            .find_call(&token)
+            .is_some_and(|c| !c.state().is_final());
+        let handled = self.handle(event, now)?;
+        // A call that ended leaves the open turn once all its turn's calls did.
+        let ended = self
+            .state
+            .find_call(&token)
+            .is_none_or(|c| c.state().is_final());
+        if open_before && ended {
+            self.state.usage.add(usage);
+        }
+        Ok(handled)
+    }
 }

@@ -38,7 +38,20 @@ impl RunnerPort for Children {
             }
         })
     }
+
+    fn child_usage<'a>(
+        &'a self,
+        _: &'a crate::core::session::subagent::ChildPlan,
+    ) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        Box::pin(async { Some(CHILD_USAGE) })
+    }
 }
+
+/// What each child spent, as the runner reports it once the child ended.
+const CHILD_USAGE: crate::core::TokenUsage = crate::core::TokenUsage {
+    prompt_tokens: 100,
+    completion_tokens: 40,
+};
 
 #[tokio::test]
 async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name() {
@@ -81,4 +94,15 @@ async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name(
         first_result(&store),
         Some(ToolResult::text("the child's answer"))
     );
+    // The parent's usage: its own turns and, once, the child's.
+    let state = store.state();
+    let own: u64 = state
+        .turns
+        .iter()
+        .filter_map(|t| match t {
+            crate::core::Turn::Agent(a) => Some(a.usage.total()),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(state.usage.total(), own + CHILD_USAGE.total());
 }
