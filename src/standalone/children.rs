@@ -15,7 +15,7 @@ use super::definition::{EnvSecrets, SubAgents};
 use super::driver::{drive_session, pending_calls, DriveOptions, Outcome};
 use super::progress::{PendingCall, Progress};
 use crate::agent::{subagents, Definition, RunnableAgent};
-use crate::core::session::subagent::ChildPlan;
+use crate::core::session::subagent::{self, ChildPlan};
 use crate::core::{Phase, SessionId, SessionState, ToolResult};
 use crate::engine::{Roles, SessionPort};
 use crate::ports::{AdminPort, RunStatus, SessionInput, SessionRecord, StoreError, TreeLink};
@@ -257,6 +257,19 @@ fn failed(plan: &ChildPlan, reason: &str) -> ToolResult {
         "the sub-agent {} (session {}) failed: {reason}",
         plan.agent, plan.name
     ))
+}
+
+/// True when a sub-agent call of `state` waits for a place among the
+/// running children and one is free: the operator steps such a session
+/// again when a child ends; this process does so at once.
+pub fn turn_is_free(state: &SessionState, agent: &RunnableAgent) -> bool {
+    state.open.iter().any(|open| {
+        subagent::running_children(&open.calls) < agent.config.lineage.max_children
+            && open
+                .calls
+                .iter()
+                .any(|c| subagent::is_new_child(c) && c.retry_at().is_none())
+    })
 }
 
 /// The waits of every unfinished session below `root`, each with the

@@ -202,6 +202,11 @@ async fn drive_loop(
                 let soon = Millis(clock.now().0 + 1000);
                 clock.sleep_until(at.min(soon)).await;
             }
+            // A sub-agent call that waited its turn (`maxChildren`) may
+            // start now that a child of this process has ended (children
+            // start with the model's role).
+            StepOutcome::Waiting { .. }
+                if roles.model && children::turn_is_free(&step.state, agent) => {}
             StepOutcome::Waiting { .. } => {
                 let pending = pending_calls(&step.state, opts, roles);
                 return Ok(Outcome::Yielded { pending });

@@ -392,3 +392,105 @@ fn an_agent_tool_naming_an_agent_the_file_lacks_is_refused_before_anything_is_st
     run.fails_with("has an agent tool naming Agent \"researcher\", which is not in this file");
     assert!(!s.path("agents.db").exists(), "nothing stored");
 }
+
+/// Turns a store back into the schema before trees (v2): the new columns
+/// and index dropped, the version set back, as a build before this one
+/// left it.
+fn to_schema_v2(db: &std::path::Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.execute_batch(
+        "DROP INDEX sessions_by_parent;
+         ALTER TABLE sessions DROP COLUMN parent;
+         ALTER TABLE sessions DROP COLUMN parent_call;
+         ALTER TABLE sessions DROP COLUMN depth;
+         ALTER TABLE sessions DROP COLUMN root;
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+}
+
+fn schema_version(db: &std::path::Path) -> i64 {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_store_of_the_schema_before_trees_opens_and_its_waiting_session_runs_on() {
+    let s = Scratch::new("subagents-migrate");
+    let file = repo_file("examples/approval.yaml").display().to_string();
+    let run = s.run(&["run", "-f", &file, "-o", "json"]);
+    assert_eq!(last_event(run.ok())["event"], "yielded", "{}", run.ok());
+    let db = s.path("agents.db");
+    to_schema_v2(&db);
+    assert_eq!(schema_version(&db), 2);
+    // Opened by this build: migrated, the session and its wait intact.
+    let pending = s.run(&["session", "pending", "release", "-o", "json"]);
+    let pending: Vec<Value> = serde_json::from_str(pending.ok()).unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(schema_version(&db), 3, "the store was migrated");
+    let token = pending[0]["token"].as_str().unwrap();
+    s.run(&["session", "approve", token]).ok();
+    let resumed = s.run(&["session", "resume", "release", "-o", "json"]);
+    assert_eq!(
+        last_event(resumed.ok())["event"],
+        "finished",
+        "{}",
+        resumed.ok()
+    );
+    let tree = s.run(&["session", "tree", "release"]).ok().to_string();
+    assert!(
+        tree.starts_with("release [Succeeded] agent release-helper depth 0"),
+        "{tree}"
+    );
+}
+
+/// An Agent that calls itself: each session asks one child, until the
+/// depth limit refuses the call; then it answers.
+const RECURSIVE: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: echo}
+spec:
+  maxDepth: 2
+  maxChildren: 1
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls:
+            - {name: echo, arguments: {prompt: "deeper"}}
+            - {name: echo, arguments: {prompt: "wider"}}
+        - text: done
+  tools:
+    - name: echo
+      agent: {ref: echo}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: top}
+spec: {agentRef: {name: echo}, messages: [go]}
+"#;
+
+#[test]
+fn the_depth_limit_refuses_a_call_naming_the_chain_and_max_children_runs_the_rest_in_turn() {
+    let s = Scratch::new("subagents-limits");
+    let file = s.write("echo.yaml", RECURSIVE);
+    let run = s.run(&["run", "-f", &file.display().to_string(), "-o", "json"]);
+    assert_eq!(last_event(run.ok())["event"], "finished", "{}", run.ok());
+    // 1 + 2 + 4 sessions: depth 2 is the deepest; with maxChildren 1 the
+    // second call of each waited its turn and ran too.
+    let listed = s.run(&["session", "list", "-o", "json"]).ok().to_string();
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.len(), 7, "{listed:?}");
+    assert!(
+        listed.iter().all(|l| l["phase"] == "Succeeded"),
+        "{listed:?}"
+    );
+    let deepest = s.run(&["session", "show", "top-t1-c0-t1-c1", "-o", "json"]);
+    let text = deepest.ok().to_string();
+    assert!(
+        text.contains("sub-agent call refused (a cycle: echo is already on the call stack): a child at depth 3 passes maxDepth 2; the chain is echo (top) -> echo (top-t1-c0) -> echo (top-t1-c0-t1-c1) -> echo"),
+        "{text}"
+    );
+}
