@@ -312,6 +312,17 @@ pub async fn waits_below(
     Ok(waits)
 }
 
+/// The root of the tree session `id` is in (itself when it is no child):
+/// the session whose resume runs it on.
+pub async fn root_of(store: &dyn AdminPort, id: &SessionId) -> SessionId {
+    let Ok((_, crate::ports::AgentSource::Stored(stored))) = store.agent_source(id).await else {
+        return id.clone();
+    };
+    serde_json::from_value::<Definition>(stored)
+        .map(|d| SessionId(subagents::root_of(&id.0, &d.spec)))
+        .unwrap_or_else(|_| id.clone())
+}
+
 /// The sessions from `root` down to `id`.
 fn path_to(id: &str, root: &str, parents: &BTreeMap<String, String>) -> Vec<String> {
     let mut path = vec![id.to_string()];

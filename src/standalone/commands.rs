@@ -683,8 +683,10 @@ async fn print_next_step(
             "no call of session {session} waits any more; the operator takes it on (kubectl get session {session} -w)"
         ));
     } else if open == 0 {
+        // A sub-agent session runs on with its tree: resume the root.
+        let root = children::root_of(store.as_ref(), session).await;
         out::line(&format!(
-            "no call of session {session} waits any more: agents session resume {session}{flag}"
+            "no call of session {session} waits any more: agents session resume {root}{flag}"
         ));
     } else {
         out::line(&format!("{open} call(s) of session {session} still wait (agents session pending {session}{flag})"));
@@ -748,8 +750,9 @@ async fn decide_once(
                 out::line("the operator acts on it");
                 return Ok(ExitCode::SUCCESS);
             }
+            let root = children::root_of(store.as_ref(), session).await;
             out::line(&format!(
-                "it takes effect when the session runs: agents session resume {session}{}",
+                "it takes effect when the session runs: agents session resume {root}{}",
                 if flag.is_empty() {
                     flag
                 } else {

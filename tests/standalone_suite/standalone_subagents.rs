@@ -252,7 +252,11 @@ fn a_grandchild_waiting_for_approval_yields_the_tree_until_approved_from_the_roo
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["token"], token.as_str());
 
-    s.run(&["session", "approve", &token]).ok();
+    let approved = s.run(&["session", "approve", &token]).ok().to_string();
+    assert!(
+        approved.contains("agents session resume root"),
+        "the hint resumes the tree: {approved}"
+    );
     let resumed = s.run(&["session", "resume", "root", "-o", "json"]);
     assert_eq!(
         last_event(resumed.ok())["event"],
