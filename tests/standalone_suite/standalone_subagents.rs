@@ -498,3 +498,48 @@ fn the_depth_limit_refuses_a_call_naming_the_chain_and_max_children_runs_the_res
         "{text}"
     );
 }
+
+const FAILING_CHILD: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: broken}
+spec:
+  model: {provider: scripted, scripted: {replies: []}}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: boss}
+spec:
+  model: {provider: scripted, scripted: {replies: [{toolCalls: [{name: broken, arguments: {prompt: go}}]}, {text: done}]}}
+  tools:
+    - name: broken
+      agent: {ref: broken}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: root}
+spec: {agentRef: {name: boss}, messages: [go]}
+"#;
+
+#[test]
+fn a_child_that_fails_gives_its_call_an_error_result_naming_it() {
+    let s = Scratch::new("subagents-fail");
+    let file = s.write("fail.yaml", FAILING_CHILD);
+    let out = s
+        .run(&["run", "-f", &file.display().to_string()])
+        .ok()
+        .to_string();
+    assert!(out.contains("session root succeeded"), "{out}");
+    let show = s.run(&["session", "show", "root"]).ok().to_string();
+    assert!(
+        show.contains(
+            "error: the sub-agent broken (session root-t1-c0) failed: the model call failed"
+        ),
+        "{show}"
+    );
+    let tree = s.run(&["session", "tree", "root"]).ok().to_string();
+    assert!(
+        tree.contains("root-t1-c0 [Failed] agent broken depth 1 call t1-c0"),
+        "{tree}"
+    );
+}
