@@ -291,7 +291,7 @@ fn a_tree_sigkilled_at_random_moments_and_resumed_makes_each_child_and_effect_on
         };
         let mut child = s.spawn(&args);
         if kills < kills_wanted {
-            std::thread::sleep(Duration::from_millis(rng.below(700)));
+            std::thread::sleep(Duration::from_millis(rng.below(400)));
             if child.try_wait().unwrap().is_none() {
                 child.kill().unwrap(); // SIGKILL
                 kills += 1;
