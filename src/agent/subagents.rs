@@ -3,9 +3,9 @@
 
 use super::AgentLookup;
 use crate::api::agent::{tool_name, ToolSpec};
-use crate::api::session::ParentRef;
-use crate::api::AgentSpec;
-use crate::core::session::subagent::{Lineage, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH};
+use crate::api::session::{AgentRef, ParentRef};
+use crate::api::{AgentSpec, SessionSpec};
+use crate::core::session::subagent::{ChildPlan, Lineage, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH};
 use crate::core::{Millis, SessionConfig};
 use crate::tools::{ToolDef, ToolKind};
 use serde_json::{json, Value};
@@ -90,6 +90,46 @@ pub fn apply(config: &mut SessionConfig, agent: &AgentSpec, parent: Option<&Pare
     if let Some(d) = parent.and_then(|p| p.deadline_ms).map(Millis) {
         config.limits.deadline = Some(config.limits.deadline.map_or(d, |own| own.min(d)));
     }
+}
+
+/// The `spec.parent` of the child `plan` makes under the session whose
+/// UID is `parent_uid`.
+pub fn parent_ref(plan: &ChildPlan, parent_uid: &str) -> ParentRef {
+    ParentRef {
+        name: plan.parent.0.clone(),
+        uid: parent_uid.to_string(),
+        call_id: plan.call_id.to_string(),
+        depth: plan.depth,
+        stack: plan.stack.clone(),
+        deadline_ms: plan.deadline.map(|d| d.0),
+    }
+}
+
+/// The spec of the child session `plan` makes: the called Agent by
+/// reference, the prompt as its one message, its place in the tree; paused
+/// when its parent is.
+pub fn child_spec(plan: &ChildPlan, parent_uid: &str, paused: bool) -> SessionSpec {
+    SessionSpec {
+        agent_ref: Some(AgentRef {
+            name: plan.agent.clone(),
+        }),
+        agent: None,
+        messages: vec![plan.prompt.clone()],
+        paused,
+        limits: None,
+        retry: None,
+        ttl_seconds_after_finished: None,
+        parent: Some(parent_ref(plan, parent_uid)),
+    }
+}
+
+/// The root of the tree a session of `spec` is in: the first on its call
+/// stack, or the session itself.
+pub fn root_of(session: &str, spec: &SessionSpec) -> String {
+    spec.parent
+        .as_ref()
+        .and_then(|p| p.stack.first())
+        .map_or_else(|| session.to_string(), |e| e.session.clone())
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! `agents session tree NAME`: a session and its sub-agent descendants
 //! (the cluster's Sessions linked by `spec.parent`), with each one's
-//! phase, the call that made it, its depth and its token usage.
+//! phase, the call that made it, its depth and its token usage. On the
+//! embedded store, the sessions `agents run` made under it.
 
 use super::OutputFormat;
 use crate::api::Session;
+use crate::core::SessionId;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -104,7 +106,11 @@ pub async fn run(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     if store != "kube" {
-        anyhow::bail!("sub-agent trees live in a cluster: add --store kube (and -n NAMESPACE)");
+        let sel = crate::standalone::commands::StoreSel::new(store, None);
+        let opened = crate::standalone::commands::open(&sel).await?;
+        let tree =
+            crate::standalone::children::tree(opened.as_ref(), &SessionId(name.into())).await?;
+        return print(&tree, output);
     }
     let config = kube::Config::infer()
         .await
@@ -117,12 +123,15 @@ pub async fn run(
         .list(&ListParams::default())
         .await?
         .items;
-    let tree = tree(name, &all)?;
+    print(&tree(name, &all)?, output)
+}
+
+fn print(tree: &Value, output: OutputFormat) -> anyhow::Result<ExitCode> {
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(&tree)?);
+        println!("{}", serde_json::to_string_pretty(tree)?);
     } else {
         let mut out = String::new();
-        render(&tree, 0, &mut out);
+        render(tree, 0, &mut out);
         print!("{out}");
     }
     Ok(ExitCode::SUCCESS)

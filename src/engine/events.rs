@@ -56,6 +56,10 @@ pub struct PendingCall {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub command: String,
+    /// Where it waits in a tree of sub-agents: the sessions from the root
+    /// down to the waiting one; empty for the session's own calls.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -94,4 +94,27 @@ pub trait AdminPort: StorePorts {
         &'a self,
         id: &'a SessionId,
     ) -> BoxFuture<'a, StoreResult<(SessionRecord, AgentSource)>>;
+
+    /// Creates a child session in its tree (a driver that runs sub-agents
+    /// in its own process); `SessionExists` when one of that name is
+    /// there. Stores whose children an operator makes refuse.
+    fn create_child<'a>(
+        &'a self,
+        record: SessionRecord,
+        link: &'a TreeLink,
+    ) -> BoxFuture<'a, StoreResult<Version>> {
+        let _ = (record, link);
+        Box::pin(async {
+            Err(StoreError::Backend(
+                "this store's sub-agent sessions are made by the operator".into(),
+            ))
+        })
+    }
+
+    /// `root` and every session under it, the root first, then by depth;
+    /// empty when the store keeps no trees (or has no such session).
+    fn tree<'a>(&'a self, root: &'a SessionId) -> BoxFuture<'a, StoreResult<Vec<TreeMember>>> {
+        let _ = root;
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }

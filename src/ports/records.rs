@@ -165,6 +165,29 @@ impl WriteOnce {
     }
 }
 
+/// Where a child session sits in its tree (the embedded store keeps it in
+/// columns, so a tree is read without parsing every record).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeLink {
+    /// The parent session.
+    pub parent: SessionId,
+    /// The parent's call that made this child (`t1-c0`).
+    pub call_id: String,
+    /// The child's depth: the root is 0.
+    pub depth: u32,
+    /// The root of the tree.
+    pub root: SessionId,
+}
+
+/// A session of a tree, as the store lists it: root first, then by depth.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeMember {
+    pub record: SessionRecord,
+    /// `None` for the root.
+    pub link: Option<TreeLink>,
+}
+
 /// One line of `agents session list`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -2,6 +2,7 @@
 //! parses flags and calls these; each returns the process exit code.
 
 use super::any_store::{load_agent, with_mcp_tools, AnyStore};
+use super::children::{self, StoredDefinition};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::patience;
@@ -117,12 +118,16 @@ fn exit_for(outcome: &Outcome) -> ExitCode {
 
 /// `agents run -f FILE`: create (or continue) the session and drive it.
 pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Result<ExitCode> {
-    let def = definition::load_file(path)?;
+    let (def, sub_agents) = definition::load_file_with_agents(path)?;
     let store = open_store(store_url)?;
     let id = def.session_id();
+    let stored = StoredDefinition {
+        definition: def,
+        sub_agents,
+    };
     let agent = match store.load_session(&id).await? {
-        None => create_from_file(&store, path, &def).await?,
-        Some(existing) => continue_from_file(&store, store_url, path, &def, existing).await?,
+        None => create_from_file(&store, path, &stored).await?,
+        Some(existing) => continue_from_file(&store, store_url, path, &stored, existing).await?,
     };
     let sel = StoreSel::new(store_url, None);
     let outcome = drive(&store, &agent, &id, &options(&sel), &|p| out.emit(p)).await?;
@@ -134,8 +139,9 @@ pub async fn run_file(path: &Path, store_url: &str, out: Output) -> anyhow::Resu
 async fn create_from_file(
     store: &SqliteStore,
     path: &Path,
-    def: &Definition,
+    stored: &StoredDefinition,
 ) -> anyhow::Result<RunnableAgent> {
+    let def = &stored.definition;
     let t = now();
     let agent = with_mcp_tools(
         def.build(t, &definition::EnvSecrets)
@@ -159,7 +165,7 @@ async fn create_from_file(
         },
         namespace: String::new(),
         uid: uuid::Uuid::new_v4().to_string(),
-        definition: serde_json::to_value(def)?,
+        definition: stored.to_value(),
         created_at: t,
         updated_at: t,
         trace: None,
@@ -176,9 +182,10 @@ async fn continue_from_file(
     store: &SqliteStore,
     store_url: &str,
     path: &Path,
-    def: &Definition,
+    new: &StoredDefinition,
     existing: Versioned<SessionRecord>,
 ) -> anyhow::Result<RunnableAgent> {
+    let def = &new.definition;
     let id = def.session_id();
     let stored: Definition = serde_json::from_value(existing.value.definition.clone())
         .map_err(|e| anyhow!("session {id}: its stored definition cannot be read: {e}"))?;
@@ -202,7 +209,7 @@ async fn continue_from_file(
     if def.spec.messages.len() > existing.value.input.messages.len() {
         let mut record = existing.value.clone();
         record.input.messages = def.spec.messages.clone();
-        record.definition = serde_json::to_value(def)?;
+        record.definition = new.to_value();
         record.updated_at = now();
         store
             .save_session(&record, &existing.version)
@@ -393,7 +400,7 @@ pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resu
     let opts = options(sel);
     let waiting = driver::pending_calls(&state, &opts, opts.roles.unwrap_or(Roles::ALL));
     // A call completed in its continuation but not yet resumed is not pending.
-    let waiting: Vec<_> = waiting
+    let mut waiting: Vec<_> = waiting
         .into_iter()
         .filter(|p| {
             !records
@@ -401,6 +408,9 @@ pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resu
                 .any(|r| r.spec.token.0 == p.token && r.is_completed())
         })
         .collect();
+    // And the waits of its sub-agent sessions, with their paths.
+    let roles = opts.roles.unwrap_or(Roles::ALL);
+    waiting.extend(children::waits_below(store.as_ref(), &id, &opts, roles).await?);
     if out.json {
         out::line(&serde_json::to_string(&waiting)?);
         return Ok(ExitCode::SUCCESS);
@@ -412,8 +422,13 @@ pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resu
         ));
     }
     for p in waiting {
+        let path = if p.path.is_empty() {
+            String::new()
+        } else {
+            format!(" in {}", p.path.join(" > "))
+        };
         out::line(&format!(
-            "{}  {} ({}) waits for {}{}\n  $ {}",
+            "{}  {} ({}){path} waits for {}{}\n  $ {}",
             p.token,
             p.tool,
             p.call,
@@ -668,8 +683,10 @@ async fn print_next_step(
             "no call of session {session} waits any more; the operator takes it on (kubectl get session {session} -w)"
         ));
     } else if open == 0 {
+        // A sub-agent session runs on with its tree: resume the root.
+        let root = children::root_of(store.as_ref(), session).await;
         out::line(&format!(
-            "no call of session {session} waits any more: agents session resume {session}{flag}"
+            "no call of session {session} waits any more: agents session resume {root}{flag}"
         ));
     } else {
         out::line(&format!("{open} call(s) of session {session} still wait (agents session pending {session}{flag})"));
@@ -733,8 +750,9 @@ async fn decide_once(
                 out::line("the operator acts on it");
                 return Ok(ExitCode::SUCCESS);
             }
+            let root = children::root_of(store.as_ref(), session).await;
             out::line(&format!(
-                "it takes effect when the session runs: agents session resume {session}{}",
+                "it takes effect when the session runs: agents session resume {root}{}",
                 if flag.is_empty() {
                     flag
                 } else {

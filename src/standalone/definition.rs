@@ -35,6 +35,25 @@ pub fn load_file(path: &Path) -> Result<Definition, DefinitionError> {
 }
 
 pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
+    parse_with_agents(text, path).map(|(def, _)| def)
+}
+
+/// Reads a file as [`load_file`] does, with the file's Agents that the
+/// session's `agent` tools reach (directly or through each other): what
+/// `agents run` keeps beside the session to make its sub-agents.
+pub fn load_file_with_agents(path: &Path) -> Result<(Definition, SubAgents), DefinitionError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
+        path: shown.clone(),
+        why: e.to_string(),
+    })?;
+    parse_with_agents(&text, &shown)
+}
+
+/// The Agents a tree of sub-agents may run, by name.
+pub type SubAgents = std::collections::BTreeMap<String, AgentSpec>;
+
+fn parse_with_agents(text: &str, path: &str) -> Result<(Definition, SubAgents), DefinitionError> {
     // Before the parser, which takes time out of proportion on deep nesting.
     super::yaml_depth::check(text).map_err(|e| DefinitionError::Semantic {
         path: path.to_string(),
@@ -117,7 +136,63 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
     def.build(crate::core::Millis(0), &crate::agent::NoSecrets)
         .map_err(semantic)?;
     no_named_approvers(&def.agent).map_err(semantic)?;
-    Ok(def)
+    let reached = sub_agents(&def.agent, &lookup).map_err(semantic)?;
+    Ok((def, reached))
+}
+
+/// The file's Agents that `agent`'s `agent` tools reach, each checked as
+/// the session's own agent is (it runs as a child session): an `agent`
+/// tool naming an Agent the file lacks is refused here, before anything
+/// is stored.
+fn sub_agents(agent: &AgentSpec, file: &FileAgents) -> Result<SubAgents, String> {
+    let mut reached = SubAgents::new();
+    let mut todo: Vec<(String, String)> = called(agent, "the session's agent");
+    while let Some((name, caller)) = todo.pop() {
+        if reached.contains_key(&name) {
+            continue;
+        }
+        let Some((_, found)) = file.0.iter().find(|(n, _)| *n == name) else {
+            return Err(format!(
+                "{caller} has an agent tool naming Agent {name:?}, which is not in this file; add that Agent to the file (sub-agents run from the file's Agents)"
+            ));
+        };
+        let mut found = found.clone();
+        futures::executor::block_on(crate::agent::subagents::describe_agent_tools(
+            &mut found, file,
+        ));
+        let probe = Definition {
+            session: "probe".into(),
+            agent_name: Some(name.clone()),
+            agent: found.clone(),
+            spec: SessionSpec {
+                agent_ref: Some(crate::api::session::AgentRef { name: name.clone() }),
+                agent: None,
+                messages: Vec::new(),
+                paused: false,
+                limits: None,
+                retry: None,
+                ttl_seconds_after_finished: None,
+                parent: None,
+            },
+        };
+        probe
+            .build(crate::core::Millis(0), &crate::agent::NoSecrets)
+            .map_err(|e| format!("Agent {name} (a sub-agent): {e}"))?;
+        no_named_approvers(&found).map_err(|e| format!("Agent {name}: {e}"))?;
+        todo.extend(called(&found, &format!("Agent {name}")));
+        reached.insert(name, found);
+    }
+    Ok(reached)
+}
+
+/// The Agents `agent`'s `agent` tools name, each with who calls it.
+fn called(agent: &AgentSpec, caller: &str) -> Vec<(String, String)> {
+    agent
+        .tools
+        .iter()
+        .filter_map(|t| t.agent.as_ref())
+        .map(|a| (a.agent_ref.clone(), caller.to_string()))
+        .collect()
 }
 
 /// Standalone has no users to check a decision against: a policy naming

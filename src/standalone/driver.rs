@@ -3,6 +3,7 @@
 //! succeeds, fails, yields or is paused. Engine logic lives in
 //! [`crate::engine`]; this file only adapts and loops.
 
+use super::children::{self, ChildRunner};
 use super::progress::{shell_quote, PendingCall, Progress};
 use crate::agent::{AgentModel, AgentTools, RunnableAgent};
 use crate::core::envelope::CallEnvelope;
@@ -62,6 +63,8 @@ struct LocalRunner<'a> {
     tools: &'a Toolbox,
     process: &'a ProcessRunner,
     container: &'a ContainerRunner,
+    /// Sub-agent calls: child sessions in the same store, driven here.
+    children: ChildRunner<'a>,
 }
 
 impl RunnerPort for LocalRunner<'_> {
@@ -97,13 +100,23 @@ impl RunnerPort for LocalRunner<'_> {
                 RunKind::Isolated(spec) => {
                     self.process.run(envelope, spec, Some(timeout)).await.result
                 }
-                RunKind::SubAgent(child) => crate::core::ToolResult::error(format!(
-                    "sub-agent {:?} cannot run here: `agents run` does not run sub-agents yet; run the session in a cluster",
-                    child.agent
-                )),
+                RunKind::SubAgent(child) => return self.children.start(child).await,
             };
             RunStatus::Finished(result)
         })
+    }
+
+    fn collect<'a>(
+        &'a self,
+        kind: RunKind<'a>,
+        _envelope: &'a CallEnvelope,
+        _attempt: u32,
+    ) -> BoxFuture<'a, RunStatus> {
+        match kind {
+            RunKind::SubAgent(child) => self.children.collect(child),
+            // Runs of this process end before `start` returns.
+            _ => Box::pin(async { RunStatus::InFlight }),
+        }
     }
 
     fn label(&self, kind: RunKind<'_>) -> &'static str {
@@ -125,10 +138,44 @@ pub fn runtime(agent: &RunnableAgent) -> AgentRuntime {
     }
 }
 
-/// Steps the session until it succeeds, fails, yields or is paused. Waits
-/// (without writing) while another driver holds work, and sleeps through
-/// its own retries' backoff.
+/// Steps the session, and the sub-agent sessions under it, until it
+/// succeeds, fails, yields or is paused. A yield lists the waits of the
+/// whole tree, each with its path from this session.
 pub async fn drive(
+    store: &dyn AdminPort,
+    agent: &RunnableAgent,
+    id: &SessionId,
+    opts: &DriveOptions,
+    report: &(dyn Fn(&Progress) + Send + Sync),
+) -> Result<Outcome, DriveError> {
+    let outcome = drive_session(store, agent, id, opts, report).await?;
+    let Outcome::Yielded { mut pending } = outcome else {
+        return Ok(outcome);
+    };
+    let roles = opts.roles.unwrap_or(Roles::ALL);
+    pending.extend(children::waits_below(store, id, opts, roles).await?);
+    report(&Progress::Yielded {
+        session: id.0.clone(),
+        pending: pending.clone(),
+    });
+    Ok(Outcome::Yielded { pending })
+}
+
+/// Steps one session until it succeeds, fails, yields or is paused (its
+/// sub-agent calls drive their children on the way). Waits (without
+/// writing) while another driver holds work, and sleeps through its own
+/// retries' backoff. A yield is returned, not reported.
+pub fn drive_session<'a>(
+    store: &'a dyn AdminPort,
+    agent: &'a RunnableAgent,
+    id: &'a SessionId,
+    opts: &'a DriveOptions,
+    report: &'a (dyn Fn(&Progress) + Send + Sync),
+) -> BoxFuture<'a, Result<Outcome, DriveError>> {
+    Box::pin(drive_loop(store, agent, id, opts, report))
+}
+
+async fn drive_loop(
     store: &dyn AdminPort,
     agent: &RunnableAgent,
     id: &SessionId,
@@ -155,12 +202,13 @@ pub async fn drive(
                 let soon = Millis(clock.now().0 + 1000);
                 clock.sleep_until(at.min(soon)).await;
             }
+            // A sub-agent call that waited its turn (`maxChildren`) may
+            // start now that a child of this process has ended (children
+            // start with the model's role).
+            StepOutcome::Waiting { .. }
+                if roles.model && children::turn_is_free(&step.state, agent) => {}
             StepOutcome::Waiting { .. } => {
                 let pending = pending_calls(&step.state, opts, roles);
-                report(&Progress::Yielded {
-                    session: id.0.clone(),
-                    pending: pending.clone(),
-                });
                 return Ok(Outcome::Yielded { pending });
             }
         }
@@ -209,6 +257,11 @@ async fn local_step(
         tools: &agent.toolbox,
         process: &opts.runner,
         container: &opts.container,
+        children: ChildRunner {
+            store,
+            opts,
+            report,
+        },
     };
     let ports = Ports::over_store(store, &model, &tools, &runner, &report)
         .traced(crate::telemetry::tracer());
@@ -280,6 +333,8 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
         .pending()
         .into_iter()
         .filter(|c| !(roles.isolated && c.waiting_for() == Some(WaitingFor::Isolated)))
+        // A child session's own waits are listed instead (`waits_below`).
+        .filter(|c| c.waiting_for() != Some(WaitingFor::SubAgent))
         .filter_map(|c| {
             let token = c.token().cloned()?;
             // Names are checked, but a printed command is always quoted.
@@ -320,6 +375,7 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                     _ => None,
                 },
                 command,
+                path: Vec::new(),
             })
         })
         .collect()

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`definition`] | YAML (`Session` + `Agent`) to an agent definition, with strict field checks; secrets from the environment |
 //! | [`yaml_depth`] | the nesting bound a definition file is checked against before it is parsed |
+//! | [`children`] | sub-agent calls as child sessions in the same store, driven in the same process; the tree's waits and shape |
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
 //! | [`out`] | stdout that a closed pipe never stops |
@@ -13,6 +14,7 @@
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
+pub mod children;
 pub mod commands;
 pub mod definition;
 pub mod driver;

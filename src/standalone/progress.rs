@@ -108,8 +108,13 @@ fn yielded_text(session: &str, pending: &[PendingCall]) -> String {
     );
     let mut seen = Vec::new();
     for p in pending {
+        let within = if p.path.is_empty() {
+            String::new()
+        } else {
+            format!(" in {}", p.path.join(" > "))
+        };
         out.push_str(&format!(
-            "\n  {} {} ({})",
+            "\n  {} {} ({}){within}",
             p.token,
             p.tool,
             p.waiting_for.map(waiting_for_text).unwrap_or("?")

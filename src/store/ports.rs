@@ -150,4 +150,14 @@ impl AdminPort for SqliteStore {
             Ok((loaded.value, stored))
         })
     }
+    fn create_child<'a>(
+        &'a self,
+        record: SessionRecord,
+        link: &'a TreeLink,
+    ) -> BoxFuture<'a, StoreResult<Version>> {
+        Box::pin(self.create_child_session(record, link))
+    }
+    fn tree<'a>(&'a self, root: &'a SessionId) -> BoxFuture<'a, StoreResult<Vec<TreeMember>>> {
+        Box::pin(self.tree_members(root))
+    }
 }

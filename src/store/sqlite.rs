@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 mod files;
+mod tree;
 #[cfg(test)]
 use files::SIDE_FILES;
 use files::{file_uri, parent_dir, regular_files, writable};
@@ -61,6 +62,13 @@ const MIGRATIONS: &[&str] = &[
     );",
     // v2: answers to an MCP task's request for input (`agents session answer`).
     "ALTER TABLE continuations ADD COLUMN answers TEXT;",
+    // v3: sub-agent trees: a child's parent session, the parent's call that
+    // made it, its depth and its root (all NULL, depth 0, for a root).
+    "ALTER TABLE sessions ADD COLUMN parent TEXT;
+    ALTER TABLE sessions ADD COLUMN parent_call TEXT;
+    ALTER TABLE sessions ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN root TEXT;
+    CREATE INDEX sessions_by_parent ON sessions(parent);",
 ];
 
 struct Header {
@@ -472,13 +480,23 @@ impl SqliteStore {
 /// The store's operations; the ports (`store/ports.rs`) call these.
 impl SqliteStore {
     pub async fn create_session(&self, record: SessionRecord) -> StoreResult<Version> {
+        self.create_linked(record, None)
+    }
+
+    /// Creates a session, a child in its tree when `link` says so.
+    fn create_linked(
+        &self,
+        record: SessionRecord,
+        link: Option<&TreeLink>,
+    ) -> StoreResult<Version> {
         self.writable()?;
         let id = record.state.id.clone();
         let inserted = self.with(|c| {
             c.execute(
                 "INSERT OR IGNORE INTO sessions
-                 (id, version, phase, paused, pending, record, created_at, updated_at)
-                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 (id, version, phase, paused, pending, record, created_at, updated_at,
+                  parent, parent_call, depth, root)
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     record.state.id.0,
                     phase_name(record.state.phase),
@@ -486,7 +504,11 @@ impl SqliteStore {
                     pending_count(&record.state),
                     to_json(&record),
                     record.created_at.0,
-                    record.updated_at.0
+                    record.updated_at.0,
+                    link.map(|l| l.parent.0.clone()),
+                    link.map(|l| l.call_id.clone()),
+                    link.map_or(0, |l| l.depth),
+                    link.map(|l| l.root.0.clone()),
                 ],
             )
         })?;
