@@ -6,31 +6,14 @@
 
 use crate::support;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::http::{Request, Response, Server};
+use support::http::Server;
 use support::scratch::*;
 
-/// Always asks for one `echo` call, reporting 600 prompt tokens (200 of
-/// them cached) and 100 completion tokens; counts the requests.
 fn usage_model() -> (Server, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let server = Server::start(move |_req: &Request| {
-        let n = seen.fetch_add(1, Ordering::SeqCst);
-        let message = json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": format!("c{n}"), "type": "function",
-             "function": {"name": "echo", "arguments": "{\"n\":1}"}}
-        ]});
-        let body = json!({
-            "choices": [{"index": 0, "message": message}],
-            "usage": {"prompt_tokens": 600, "completion_tokens": 100,
-                      "prompt_tokens_details": {"cached_tokens": 200}}
-        });
-        Response::json(200, body.to_string())
-    });
-    (server, calls)
+    support::fake::usage_model_server()
 }
 
 fn definition(model: u16, limits: &str) -> String {
