@@ -109,6 +109,23 @@ async fn pause_holds_at_the_limit_and_a_raise_lets_the_held_work_go_on() {
         2,
         "no model call past the hold"
     );
+    wait_until(
+        Duration::from_secs(30),
+        "a BudgetExceeded Event",
+        || async {
+            let args = [
+                "get",
+                "events",
+                "-n",
+                &ns.name,
+                "-o",
+                "jsonpath={.items[*].reason}",
+            ];
+            let reasons = kubectl_ok(args);
+            reasons.contains("BudgetExceeded").then_some(())
+        },
+    )
+    .await;
 
     let raise = r#"{"spec":{"limits":{"toolCalls":2}}}"#;
     kubectl_ok([
@@ -170,4 +187,29 @@ async fn negative_and_absurd_values_are_refused_at_admission() {
             "{limits} {price}: {err}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_limit_without_pricing_is_not_ready_saying_why() {
+    let Some((client, ns)) = setup("budget-unpriced").await else {
+        return;
+    };
+    let (model, calls) = support::fake::usage_model_server();
+    let unpriced = session_yaml(&model, "{cost: 1}", "2")
+        .lines()
+        .filter(|l| !l.contains("pricing:"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    apply(&ns.name, &unpriced);
+    let _operator = operator(&ns.name, "budget");
+    let status = status_when(&client, &ns.name, "Ready False", |s| {
+        condition(s, "Ready")["status"] == "False"
+    })
+    .await;
+    let message = condition(&status, "Ready")["message"].to_string();
+    assert!(
+        message.contains("spec.limits.cost") && message.contains("spec.model.pricing"),
+        "{status}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no model call");
 }

@@ -75,7 +75,8 @@ fn pause_holds_at_the_tool_call_limit_and_resume_does_not_pass_it() {
     );
     let run = s.run(&["run", "-f", &file.display().to_string()]);
     assert!(
-        run.stdout.contains("paused"),
+        run.stdout
+            .contains("is held: the session reached its tool calls limit: spent 1 of 1"),
         "{}{}",
         run.stdout,
         run.stderr
