@@ -63,6 +63,28 @@ pub fn show_micros(micros: u64) -> String {
     format!("{units}.{}", frac.trim_end_matches('0'))
 }
 
+/// The spend in words: `1400 tokens (400 cached), cost 0.004 EUR, 2 tool
+/// calls`; the cost only where the agent has prices.
+pub fn spend_text(spend: &Spend, currency: Option<&str>) -> String {
+    let usage = &spend.usage;
+    let mut text = format!("{} tokens", usage.total());
+    if usage.cached_prompt_tokens > 0 {
+        text.push_str(&format!(" ({} cached)", usage.cached_prompt_tokens));
+    }
+    if let Some(currency) = currency {
+        text.push_str(&format!(
+            ", cost {} {currency}",
+            show_micros(usage.cost_micros)
+        ));
+    }
+    let calls = spend.tool_calls;
+    text.push_str(&format!(
+        ", {calls} tool call{}",
+        if calls == 1 { "" } else { "s" }
+    ));
+    text
+}
+
 /// What a session does when work would start past one of its limits.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,

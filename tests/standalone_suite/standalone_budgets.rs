@@ -63,6 +63,13 @@ fn fail_stops_at_the_token_limit_with_the_turns_priced() {
     // Per turn: 400 x 2 + 200 x 1 + 100 x 10 micro-units (prices per M).
     assert_eq!(usage["costMicros"], 2 * 2000, "{shown}");
     assert_eq!(shown["session"]["phase"], "Failed", "{shown}");
+    let text = s.run(&["session", "show", "spend"]);
+    assert!(
+        text.ok()
+            .contains("spend: 1400 tokens (400 cached), cost 0.004 EUR, 1 tool call"),
+        "{}",
+        text.stdout
+    );
 }
 
 #[test]
@@ -90,6 +97,13 @@ fn pause_holds_at_the_tool_call_limit_and_resume_does_not_pass_it() {
         "{shown}"
     );
     assert_ne!(shown["session"]["phase"], "Failed", "{shown}");
+    let text = s.run(&["session", "show", "spend"]);
+    assert!(
+        text.ok()
+            .contains("held: the session reached its tool calls limit"),
+        "{}",
+        text.stdout
+    );
     s.run(&["session", "resume", "spend"]).ok();
     assert_eq!(calls.load(Ordering::SeqCst), 2, "held: nothing new started");
 }
