@@ -211,6 +211,10 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 10))]
     pub max_retries: Option<u32>,
+    /// What the model's tokens cost; each turn's usage gets its cost, and
+    /// `spec.limits.cost` of a session needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<super::budget::PricingSpec>,
 }
 
 impl ModelSpec {

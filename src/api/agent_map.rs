@@ -153,6 +153,13 @@ pub fn session_config(
 ) -> Result<SessionConfig, ConvertError> {
     let policy = policy(&agent.policy, &format!("{field}.policy"))?;
     let tools = tool_infos(agent, field)?;
+    let pricing = agent
+        .model
+        .pricing
+        .as_ref()
+        .map(|p| super::budget::pricing(p, &format!("{field}.model.pricing")))
+        .transpose()?;
+    let budget = super::budget::budget(limits, pricing.as_ref())?;
     every_isolated_tool_has_a_place(&policy, &tools, field)?;
     // A tool fed a secret (an env var or a header from a Secret) may give
     // answers that depend on it: such results are never cached.
@@ -201,6 +208,8 @@ pub fn session_config(
         model_timeout_secs: agent.model.timeout_seconds() as u64,
         model_retries: agent.model.max_retries(),
         max_result_bytes: usize::try_from(agent.max_result_bytes()).unwrap_or(usize::MAX),
+        budget,
+        pricing,
         ..SessionConfig::default()
     })
 }

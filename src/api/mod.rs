@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod agent_map;
+pub mod budget;
 pub mod continuation;
 pub mod convert;
 pub mod legacy;

@@ -114,7 +114,11 @@ pub struct AgentRef {
     pub name: String,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+/// Bounds on a session. Spend limits (`tokens`, `cost`, `toolCalls`) are
+/// checked before each model call and before each tool run: work that
+/// would start past a limit does not start, and `onExceed` says what
+/// happens instead.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitsSpec {
     /// Most model turns the session may take; it fails when it needs more.
@@ -126,6 +130,29 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31_536_000))]
     pub deadline_seconds: Option<u64>,
+    /// Most tokens (prompt plus completion, summed over the session's
+    /// model turns) the session may spend: no model call starts once they
+    /// are spent. A turn in flight may pass the limit by its own usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
+    pub tokens: Option<u64>,
+    /// Most the session may cost, in the currency of the agent's
+    /// `spec.model.pricing` (which it needs), e.g. `2.5`: no model call
+    /// starts once it is spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1_000_000.0))]
+    pub cost: Option<f64>,
+    /// Most tool runs the session may start (a call's retries count once;
+    /// a wait for approval is not a run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000))]
+    pub tool_calls: Option<u32>,
+    /// What happens when work would start past `tokens`, `cost` or
+    /// `toolCalls`: `fail` (the default) fails the session, saying which
+    /// limit and the spend; `pause` holds it (condition `Paused`, reason
+    /// `BudgetExceeded`) until the limit is raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exceed: Option<crate::core::budget::OnExceed>,
 }
 
 #[derive(

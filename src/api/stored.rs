@@ -54,7 +54,7 @@ pub fn session_phase(state: &SessionState) -> SessionPhase {
     match state.phase {
         Phase::Succeeded => SessionPhase::Succeeded,
         Phase::Failed => SessionPhase::Failed,
-        _ if state.paused => SessionPhase::Paused,
+        _ if state.paused || state.budget_stop.is_some() => SessionPhase::Paused,
         Phase::Idle => SessionPhase::Pending,
         Phase::AwaitingModel => SessionPhase::AwaitingModel,
         Phase::RunningTools => SessionPhase::Running,
@@ -259,6 +259,7 @@ mod tests {
         state.usage = TokenUsage {
             prompt_tokens: 10,
             completion_tokens: 2,
+            ..TokenUsage::default()
         };
         state.retries_taken = 2;
         state

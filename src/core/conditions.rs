@@ -6,7 +6,7 @@
 //! | `Succeeded` | the model gave its final answer | `Answered`; False: `Failed`; Unknown: `InProgress` |
 //! | `Failed` | the session stopped on an error | `Failed`; False: `NotFailed` |
 //! | `Waiting` | every open call waits on the outside | `AwaitingApproval`, `AwaitingExternal`, `AwaitingJob`, `AwaitingBackground`; False: `NotWaiting` |
-//! | `Paused` | `spec.paused` holds the session | `PausedBySpec`; False: `NotPaused` |
+//! | `Paused` | `spec.paused` holds the session, or a limit (`onExceed: pause`) | `PausedBySpec`, `BudgetExceeded`; False: `NotPaused` |
 //!
 //! A driver adds its own (the operator's `Ready`: the agent resolved and is
 //! valid) and stamps each with `observedGeneration` and a
@@ -95,7 +95,9 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
     } else {
         Condition::new("Waiting", False, "NotWaiting", "")
     };
-    let paused = if state.paused {
+    let paused = if let Some(stop) = state.budget_stop.as_ref().filter(|_| !state.paused) {
+        Condition::new("Paused", True, "BudgetExceeded", stop.message.clone())
+    } else if state.paused {
         Condition::new(
             "Paused",
             True,

@@ -181,6 +181,18 @@ pub struct TokenUsage {
     pub prompt_tokens: u64,
     /// Tokens the model produced.
     pub completion_tokens: u64,
+    /// Of the prompt tokens, those the provider served from its prompt
+    /// cache (priced at `pricing.cachedInputPerMTok`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_prompt_tokens: u64,
+    /// What the tokens cost under the agent's `spec.model.pricing`, in
+    /// micro-units of its currency (1000000 is one unit); 0 without pricing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cost_micros: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TokenUsage {
@@ -190,6 +202,8 @@ impl TokenUsage {
     pub fn add(&mut self, other: TokenUsage) {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
+        self.cached_prompt_tokens += other.cached_prompt_tokens;
+        self.cost_micros = self.cost_micros.saturating_add(other.cost_micros);
     }
 }
 

@@ -12,6 +12,7 @@
 //! | [`session`] | the session state machine and scheduler: `handle(event, now)`, `poll_action()`, `poll_timeout()` |
 //! | [`acceptance`] | what a continuation accepts from outside: a result, a decision (written once) |
 //! | [`cache`] | cache keys over canonical arguments |
+//! | [`budget`] | what a model turn costs; limits on tokens, cost and tool calls |
 //! | [`envelope`] | the versioned call and result envelopes every runner speaks |
 //!
 //! # How a driver uses it
@@ -22,6 +23,7 @@
 //! such drivers; tests are a third.
 
 pub mod acceptance;
+pub mod budget;
 pub mod cache;
 pub mod call;
 pub mod conditions;

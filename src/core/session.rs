@@ -14,6 +14,7 @@
 //!    [`Session::poll_timeout`] or the next outside event.
 
 use super::acceptance::ENGINE_BY;
+use super::budget::{Budget, BudgetStop, Pricing, Spend, Work};
 use super::cache::{cache_key, CacheKey, CacheScope};
 use super::call::{
     flat, Approval, Attempt, CallStage, CallState, Claim, TaskHandle, TrackedToolCall,
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod outcome;
+mod spend;
 pub mod subagent;
 mod task;
 pub use outcome::{reason as unknown_outcome_reason, tool_rule, OnUnknownOutcome};
@@ -80,6 +82,10 @@ pub struct SessionConfig {
     pub driver: DriverRole,
     /// Where the session sits in its tree, and the limits on children.
     pub lineage: subagent::Lineage,
+    /// Limits on tokens, cost and tool calls, and what happens past them.
+    pub budget: Budget,
+    /// What the model's tokens cost (`spec.model.pricing`).
+    pub pricing: Option<Pricing>,
 }
 
 impl Default for SessionConfig {
@@ -98,6 +104,8 @@ impl Default for SessionConfig {
             tool_fingerprints: BTreeMap::new(),
             driver: DriverRole::default(),
             lineage: subagent::Lineage::default(),
+            budget: Budget::default(),
+            pricing: None,
         }
     }
 }
@@ -276,6 +284,13 @@ pub struct SessionState {
     /// across driver restarts; a step that ends well resets it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed_steps: u32,
+    /// Tool runs started (a call's retries count once): what
+    /// `spec.limits.toolCalls` is compared with.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u32,
+    /// The limit that holds the session (`onExceed: pause`) until raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_stop: Option<BudgetStop>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -308,6 +323,8 @@ impl SessionState {
             messages_taken: 0,
             retries_taken: 0,
             failed_steps: 0,
+            tool_calls: 0,
+            budget_stop: None,
         }
     }
 
@@ -695,7 +712,7 @@ impl Session {
             Phase::Failed => Some(Outlook::Failed {
                 reason: self.state.failure.clone().unwrap_or_default(),
             }),
-            _ if self.state.paused => Some(Outlook::Paused),
+            _ if self.state.paused || self.state.budget_stop.is_some() => Some(Outlook::Paused),
             Phase::Idle => Some(Outlook::Idle),
             _ => None,
         }
@@ -956,6 +973,9 @@ impl Session {
             .claim()
             .map(|c| outcome::started_at_about(c, self.config.model_timeout_secs));
         turn.replied_at = Some(now);
+        if let Some(pricing) = &self.config.pricing {
+            turn.usage.cost_micros = pricing.cost_micros(&turn.usage);
+        }
         self.state.usage.add(turn.usage);
         self.state.model_attempts = 0;
         self.state.model_attempt = Attempt::Unclaimed;
@@ -1460,6 +1480,12 @@ impl Session {
 
     /// Moves every ready call on according to its policy.
     fn dispatch(&mut self, now: Millis) {
+        let budget = &self.config.budget;
+        let mut spend = Spend {
+            usage: self.state.usage,
+            tool_calls: self.state.tool_calls,
+        };
+        let (mut stop, mut counted) = (None, false);
         let ready = self
             .state
             .open
@@ -1485,6 +1511,16 @@ impl Session {
                     Disposition::SubAgent { .. } => Some(WaitingFor::SubAgent),
                 }
             };
+            // A run (not an approval wait) spends a tool call: it starts
+            // only within the budget; the calls after it stay ready.
+            if waiting != Some(WaitingFor::Approval) {
+                stop = budget.stops(&spend, Work::ToolRun);
+                if stop.is_some() {
+                    break;
+                }
+                spend.tool_calls += 1;
+                counted = true;
+            }
             match waiting {
                 None => call.start().expect("ready calls may start"),
                 Some(w) => {
@@ -1494,6 +1530,8 @@ impl Session {
                 }
             }
         }
+        self.state.tool_calls = spend.tool_calls;
+        self.budget_checked(stop, counted);
         self.start_due(now, true);
     }
 
@@ -1658,7 +1696,12 @@ impl Session {
         if queued {
             return None;
         }
+        let stop = self.config.budget.stops(&self.spend(), Work::ModelCall);
+        if !self.budget_checked(stop, true) {
+            return None;
+        }
         let secs = self.config.model_timeout_secs;
+        let role = &self.config.driver;
         take_attempt(&mut self.state.model_attempt, role, secs, ensure, now)?;
         Some(Action::CallModel {
             turn: self.state.agent_turns + 1,

@@ -136,6 +136,9 @@ pub enum Progress {
     },
     Paused {
         session: String,
+        /// Set when a limit holds the session (`onExceed: pause`): the
+        /// limit, the spend and how to go on.
+        budget: Option<String>,
     },
     Note {
         session: String,

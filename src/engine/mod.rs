@@ -447,7 +447,13 @@ async fn step_once(
             session.replan(now);
             continue;
         }
-        observe_outcome(p.observer, &sid, &outcome);
+        let budget = session.state().budget_stop.as_ref();
+        observe_outcome(
+            p.observer,
+            &sid,
+            &outcome,
+            budget.map(|b| b.message.clone()),
+        );
         debug!(session = %sid, ?outcome, writes = cp.writes, "step done");
         return Ok(StepReport {
             outcome,
@@ -590,7 +596,7 @@ async fn drain(
 }
 
 /// Tells the observer how the step left the session.
-fn observe_outcome(observer: &dyn Observer, sid: &str, outcome: &Outlook) {
+fn observe_outcome(observer: &dyn Observer, sid: &str, outcome: &Outlook, budget: Option<String>) {
     let session = sid.to_string();
     match outcome {
         Outlook::Succeeded { answer } => observer.observe(&Progress::Finished {
@@ -601,7 +607,7 @@ fn observe_outcome(observer: &dyn Observer, sid: &str, outcome: &Outlook) {
             session,
             reason: reason.clone(),
         }),
-        Outlook::Paused => observer.observe(&Progress::Paused { session }),
+        Outlook::Paused => observer.observe(&Progress::Paused { session, budget }),
         _ => {}
     }
 }

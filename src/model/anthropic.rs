@@ -331,6 +331,8 @@ pub fn parse_message(body: &str) -> Result<AnthropicMessage, String> {
             usage: TokenUsage {
                 prompt_tokens: usage("input_tokens") + cache_creation + cache_read,
                 completion_tokens: usage("output_tokens"),
+                cached_prompt_tokens: cache_read,
+                cost_micros: 0,
             },
             ..Default::default()
         },

@@ -276,6 +276,11 @@ pub fn parse_completion(body: &str) -> Result<AgentTurn, String> {
             .pointer("/usage/completion_tokens")
             .and_then(Value::as_u64)
             .unwrap_or(0),
+        cached_prompt_tokens: v
+            .pointer("/usage/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        cost_micros: 0,
     };
     Ok(AgentTurn {
         text,

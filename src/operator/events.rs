@@ -114,6 +114,9 @@ fn for_ending(p: &Progress) -> Option<Event> {
         Progress::Failed { reason, .. } => {
             event(EventType::Warning, "Failed", "Finish", one_line(reason))
         }
+        Progress::Paused {
+            budget: Some(why), ..
+        } => event(EventType::Warning, "BudgetExceeded", "Pause", one_line(why)),
         Progress::Paused { .. } => event(
             EventType::Normal,
             "Paused",

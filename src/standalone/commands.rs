@@ -335,6 +335,18 @@ pub async fn show(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<
         if state.paused { " (paused)" } else { "" }
     ));
     print_conversation(&state);
+    let spend = crate::core::budget::Spend {
+        usage: state.usage,
+        tool_calls: state.tool_calls,
+    };
+    let currency = agent.config.pricing.as_ref().map(|p| p.currency.as_str());
+    out::line(&format!(
+        "spend: {}",
+        crate::core::budget::spend_text(&spend, currency)
+    ));
+    if let Some(stop) = &state.budget_stop {
+        out::line(&format!("held: {}", stop.message));
+    }
     if let Some(answer) = &state.answer {
         out::line(&format!("answer: {answer}"));
     }

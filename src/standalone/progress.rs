@@ -75,7 +75,11 @@ impl Render for Progress {
                 format!("session {session} succeeded.\nanswer: {answer}")
             }
             Progress::Failed { session, reason } => format!("session {session} failed: {reason}"),
-            Progress::Paused { session } => format!(
+            Progress::Paused {
+                session,
+                budget: Some(why),
+            } => format!("session {session} is held: {why}"),
+            Progress::Paused { session, .. } => format!(
                 "session {session} is paused; `agents session resume {}` goes on",
                 shell_quote(session)
             ),
@@ -194,6 +198,7 @@ mod tests {
     fn printed_resume_commands_are_quoted() {
         let p = Progress::Paused {
             session: "a b".into(),
+            budget: None,
         };
         assert!(
             p.to_text().contains("agents session resume 'a b'"),

@@ -138,6 +138,7 @@ fn event(s: &Session, op: &Op) -> Option<Event> {
                 usage: TokenUsage {
                     prompt_tokens: 1,
                     completion_tokens: 1,
+                    ..TokenUsage::default()
                 },
                 ..Default::default()
             },

@@ -80,6 +80,7 @@ fn three_calls() -> AgentTurn {
         usage: TokenUsage {
             prompt_tokens: 10,
             completion_tokens: 5,
+            ..TokenUsage::default()
         },
         ..Default::default()
     }

@@ -341,6 +341,7 @@ fn a_childs_usage_is_added_once_with_its_answer() {
     let usage = TokenUsage {
         prompt_tokens: 30,
         completion_tokens: 12,
+        ..TokenUsage::default()
     };
     let token = ContinuationToken::for_call(&SessionId("root".into()), CallId::new(1, 0));
     let answer = |token: &ContinuationToken| Event::ChildAnswered {
@@ -401,6 +402,7 @@ fn a_failed_childs_usage_is_added_with_its_error() {
         usage: TokenUsage {
             prompt_tokens: 7,
             completion_tokens: 1,
+            ..TokenUsage::default()
         },
     };
     s.handle(failed, T0).unwrap();

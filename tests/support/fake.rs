@@ -358,3 +358,26 @@ pub fn held_payment_server(hold: Duration) -> Server {
         Response::json(200, r#"{"paid":true}"#)
     })
 }
+
+/// A chat-completions server that always asks for one `echo` call and
+/// reports usage: 600 prompt tokens (200 of them cached) and 100
+/// completion tokens a turn; counts its requests (budget tests).
+#[allow(dead_code)]
+pub fn usage_model_server() -> (Server, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let server = Server::start(move |_req: &Request| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        let message = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": format!("c{n}"), "type": "function",
+             "function": {"name": "echo", "arguments": "{\"n\":1}"}}
+        ]});
+        let body = serde_json::json!({
+            "choices": [{"index": 0, "message": message}],
+            "usage": {"prompt_tokens": 600, "completion_tokens": 100,
+                      "prompt_tokens_details": {"cached_tokens": 200}}
+        });
+        Response::json(200, body.to_string())
+    });
+    (server, calls)
+}

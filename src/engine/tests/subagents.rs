@@ -51,6 +51,8 @@ impl RunnerPort for Children {
 const CHILD_USAGE: crate::core::TokenUsage = crate::core::TokenUsage {
     prompt_tokens: 100,
     completion_tokens: 40,
+    cached_prompt_tokens: 0,
+    cost_micros: 0,
 };
 
 #[tokio::test]

@@ -192,7 +192,9 @@ fn a_message_parses_into_text_calls_and_usage_with_cache_tokens() {
         turn.usage,
         TokenUsage {
             prompt_tokens: 1110,
-            completion_tokens: 7
+            completion_tokens: 7,
+            cached_prompt_tokens: 1000,
+            cost_micros: 0,
         }
     );
     let plain =
