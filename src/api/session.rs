@@ -103,6 +103,23 @@ pub struct ParentRef {
     pub deadline_ms: Option<i64>,
 }
 
+impl SessionSpec {
+    /// A session of Agent `name` with nothing else set: what a session
+    /// that names the Agent would be checked against.
+    pub fn referring_to(name: &str) -> SessionSpec {
+        SessionSpec {
+            agent_ref: Some(AgentRef { name: name.into() }),
+            agent: None,
+            messages: Vec::new(),
+            paused: false,
+            limits: None,
+            retry: None,
+            ttl_seconds_after_finished: None,
+            parent: None,
+        }
+    }
+}
+
 /// The CEL rule on `spec.messages`: the old list is a prefix of the new one.
 pub const MESSAGES_APPEND_ONLY: &str =
     "size(self) >= size(oldSelf) && oldSelf.all(i, m, self[i] == m)";

@@ -5,7 +5,6 @@
 use super::report::{self, ready};
 use super::{prepare, Context, NotReady, HTTP_TOOL_URL_NOT_ALLOWED, INVALID_RECHECK};
 use crate::api::agent::{AgentStatus, McpServerStatus, McpToolStatus};
-use crate::api::session::AgentRef;
 use crate::api::{Agent, SessionSpec};
 use crate::core::conditions::{self, Condition, Status};
 use crate::engine::{Clock, SystemClock};
@@ -157,16 +156,7 @@ async fn check(
     (Vec<McpServerStatus>, Vec<McpToolStatus>),
 ) {
     // The checks a session referring to it would meet.
-    let probe = SessionSpec {
-        agent_ref: Some(AgentRef { name: name.into() }),
-        agent: None,
-        messages: Vec::new(),
-        paused: false,
-        limits: None,
-        retry: None,
-        ttl_seconds_after_finished: None,
-        parent: None,
-    };
+    let probe = SessionSpec::referring_to(name);
     let definition = crate::agent::Definition {
         session: "agent-check".into(),
         agent_name: Some(name.into()),

@@ -164,16 +164,7 @@ fn sub_agents(agent: &AgentSpec, file: &FileAgents) -> Result<SubAgents, String>
             session: "probe".into(),
             agent_name: Some(name.clone()),
             agent: found.clone(),
-            spec: SessionSpec {
-                agent_ref: Some(crate::api::session::AgentRef { name: name.clone() }),
-                agent: None,
-                messages: Vec::new(),
-                paused: false,
-                limits: None,
-                retry: None,
-                ttl_seconds_after_finished: None,
-                parent: None,
-            },
+            spec: SessionSpec::referring_to(&name),
         };
         probe
             .build(crate::core::Millis(0), &crate::agent::NoSecrets)
