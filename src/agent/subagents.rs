@@ -81,6 +81,7 @@ pub fn lineage(agent: &AgentSpec, parent: Option<&ParentRef>, cap: u32) -> Linea
         ancestors: parent.map(|p| p.stack.clone()).unwrap_or_default(),
         max_depth: agent.max_depth.unwrap_or(DEFAULT_MAX_DEPTH).min(cap),
         max_children: agent.max_children.unwrap_or(DEFAULT_MAX_CHILDREN).max(1),
+        trace_parent: parent.and_then(|p| p.traceparent.clone()),
     }
 }
 
@@ -102,6 +103,7 @@ pub fn parent_ref(plan: &ChildPlan, parent_uid: &str) -> ParentRef {
         depth: plan.depth,
         stack: plan.stack.clone(),
         deadline_ms: plan.deadline.map(|d| d.0),
+        traceparent: plan.traceparent.clone(),
     }
 }
 
@@ -167,6 +169,7 @@ mod tests {
             depth: 1,
             stack: Vec::new(),
             deadline_ms: Some(5_000),
+            traceparent: None,
         };
         let l = lineage(&agent, Some(&parent), 6);
         assert_eq!((l.depth, l.max_depth, l.max_children), (1, 6, 8));

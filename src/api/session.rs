@@ -101,6 +101,12 @@ pub struct ParentRef {
     /// child must end by then too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<i64>,
+    /// The W3C `traceparent` of the parent's `execute_tool` span for this
+    /// call (set when the operator exports traces): the child's steps are
+    /// spans under it, in the parent's trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub traceparent: Option<String>,
 }
 
 impl SessionSpec {

@@ -430,6 +430,10 @@ async fn step_once(
         owner: &owner,
         sid: &sid,
         known_waits: &known_waits,
+        trace: cp
+            .trace
+            .as_deref()
+            .and_then(crate::ports::TraceContext::parse),
     };
     let mut looked_again = false;
     loop {

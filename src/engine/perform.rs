@@ -11,16 +11,19 @@ pub(super) struct StepContext<'a> {
     pub(super) owner: &'a SessionRef,
     pub(super) sid: &'a str,
     pub(super) known_waits: &'a [(ContinuationToken, Option<WaitingFor>)],
+    /// This step's span, when traces are exported.
+    pub(super) trace: Option<crate::ports::TraceContext>,
 }
 
 pub(super) async fn perform(
     p: &Ports<'_>,
     ctx: &StepContext<'_>,
     session: &mut Session,
-    action: Action,
+    mut action: Action,
     replay: &mut Vec<Event>,
 ) -> Result<(), EngineError> {
     let sid = ctx.sid;
+    join_the_trace(ctx, &mut action);
     if starts_work(&action) {
         // Fencing: the claim for this work committed, but a driver that
         // lost its Lease meanwhile (paused past it) must not start it.
@@ -63,6 +66,16 @@ pub(super) async fn perform(
         Action::Finished { .. } | Action::Failed { .. } => {}
     }
     Ok(())
+}
+
+/// A child Session to make (or look at) joins this session's trace,
+/// under the span of the call that makes it.
+fn join_the_trace(ctx: &StepContext<'_>, action: &mut Action) {
+    let (Some(trace), Action::StartSubAgent { child, .. }) = (ctx.trace, action) else {
+        return;
+    };
+    let span = trace.sub_agent_call(ctx.sid, &child.call_id.to_string());
+    child.traceparent = Some(span.traceparent());
 }
 
 /// Starts or collects a background or isolated attempt; a background call

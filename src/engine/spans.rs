@@ -17,7 +17,7 @@ use crate::core::envelope::idempotency_key;
 use crate::core::session::Outlook;
 use crate::core::{Millis, Scope, SessionId, TokenUsage, ToolResult};
 use crate::ports::trace::{ChatSpan, DeferredCall, ResultSource, StepTrace, ToolSpan};
-use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort};
+use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort, SUB_AGENT_RUNS};
 use std::sync::Mutex;
 
 /// What a step reported so far.
@@ -29,6 +29,8 @@ struct Recording {
     uid: String,
     previous: Option<TraceContext>,
     context: Option<TraceContext>,
+    /// The parent's span this (child) session's steps go under.
+    parent: Option<TraceContext>,
     chat_began: Option<(u32, Millis)>,
     tool_began: Option<(String, Millis)>,
     chats: Vec<ChatSpan>,
@@ -45,6 +47,8 @@ pub(super) struct StepRecorder<'a> {
     content: bool,
     /// The ids this step's span gets; `None`: tracing is off.
     fresh: Option<TraceContext>,
+    /// A sub-agent child's: the parent's span for the call that made it.
+    tree_parent: Option<TraceContext>,
     recording: Mutex<Recording>,
 }
 
@@ -63,6 +67,12 @@ impl<'a> StepRecorder<'a> {
             agent: agent.config.agent.clone(),
             content: fresh.is_some() && p.tracer.records_content(),
             fresh,
+            tree_parent: agent
+                .config
+                .lineage
+                .trace_parent
+                .as_deref()
+                .and_then(TraceContext::parse),
             recording: Mutex::new(Recording {
                 started: p.clock.now(),
                 ..Default::default()
@@ -81,8 +91,13 @@ impl<'a> StepRecorder<'a> {
     pub(super) fn begin(&self, record: &SessionRecord) -> Option<String> {
         let fresh = self.fresh?;
         let previous = record.trace.as_deref().and_then(TraceContext::parse);
-        let context = fresh.in_trace_of(previous.as_ref());
+        // A child's first step joins its parent's trace; later ones the
+        // trace their first one began.
+        let joined = previous.or(self.tree_parent);
+        let context = fresh.in_trace_of(joined.as_ref());
+        let parent = self.tree_parent.filter(|p| p.trace_id == context.trace_id);
         let mut r = self.recording();
+        r.parent = parent;
         r.session = record.state.id.0.clone();
         r.namespace = record.namespace.clone();
         r.uid = record.uid.clone();
@@ -120,6 +135,7 @@ impl<'a> StepRecorder<'a> {
         };
         self.port.export(StepTrace {
             context,
+            parent: r.parent,
             previous: r.previous,
             session: std::mem::take(&mut r.session),
             namespace: std::mem::take(&mut r.namespace),
@@ -213,7 +229,15 @@ impl<'a> StepRecorder<'a> {
             true => scrub(&message),
             false => "the tool answered with an error".to_string(),
         });
+        // A sub-agent call's span has the id its child was given.
+        let span_id = match (by, r.context) {
+            (Provenance::Runner(SUB_AGENT_RUNS), Some(context)) => {
+                Some(context.sub_agent_call(&r.session, call).span_id)
+            }
+            _ => None,
+        };
         Some(ToolSpan {
+            span_id,
             tool: tool.clone(),
             call: call.clone(),
             model_call_id: model_call_id.clone(),

@@ -274,7 +274,7 @@ impl RunnerPort for SessionRunner {
         match kind {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "job",
-            RunKind::SubAgent(_) => "subAgent",
+            RunKind::SubAgent(_) => crate::ports::SUB_AGENT_RUNS,
         }
     }
 }

@@ -6,9 +6,9 @@
 //! A child changing wakes its parent: the controller watches Sessions that
 //! carry the parent label, through their ownerReference (see `run.rs`).
 
-use crate::api::session::{AgentRef, ParentRef, SessionPhase};
+use crate::api::session::SessionPhase;
 use crate::api::Continuation;
-use crate::api::{Session, SessionSpec};
+use crate::api::Session;
 use crate::core::session::subagent::ChildPlan;
 use crate::core::{ContinuationToken, TokenUsage, ToolResult};
 use crate::ports::RunStatus;
@@ -198,25 +198,7 @@ impl Children {
             controller: Some(true),
             block_owner_deletion: Some(true),
         };
-        let spec = SessionSpec {
-            agent_ref: Some(AgentRef {
-                name: plan.agent.clone(),
-            }),
-            agent: None,
-            messages: vec![plan.prompt.clone()],
-            paused: self.paused,
-            limits: None,
-            retry: None,
-            ttl_seconds_after_finished: None,
-            parent: Some(ParentRef {
-                name: self.parent.clone(),
-                uid: self.parent_uid.clone(),
-                call_id: plan.call_id.to_string(),
-                depth: plan.depth,
-                stack: plan.stack.clone(),
-                deadline_ms: plan.deadline.map(|d| d.0),
-            }),
-        };
+        let spec = crate::agent::subagents::child_spec(plan, &self.parent_uid, self.paused);
         Session {
             metadata: ObjectMeta {
                 name: Some(plan.name.clone()),

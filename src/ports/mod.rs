@@ -258,10 +258,13 @@ pub trait RunnerPort: Send + Sync {
         match kind {
             RunKind::Background => "runAsync",
             RunKind::Isolated(_) => "isolated",
-            RunKind::SubAgent(_) => "subAgent",
+            RunKind::SubAgent(_) => SUB_AGENT_RUNS,
         }
     }
 }
+
+/// The label of results a child Session gave (every runner uses it).
+pub const SUB_AGENT_RUNS: &str = "subAgent";
 
 /// Time. Tests use a manual clock and sleep no real time.
 pub trait Clock: Send + Sync {

@@ -64,6 +64,25 @@ impl TraceContext {
             None => self,
         }
     }
+
+    /// The span, in this trace, of `session`'s call `call` to a sub-agent:
+    /// its id derived from the trace and the call, so the parent's step
+    /// that takes the answer and the child that joins under it agree on it
+    /// without storing it.
+    pub fn sub_agent_call(&self, session: &str, call: &str) -> TraceContext {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(self.trace_id)
+            .chain_update(session.as_bytes())
+            .chain_update([0])
+            .chain_update(call.as_bytes())
+            .finalize();
+        let mut span_id: [u8; 8] = digest[..8].try_into().expect("8 of 32 bytes");
+        if span_id == [0; 8] {
+            span_id[7] = 1;
+        }
+        TraceContext { span_id, ..*self }
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -146,6 +165,9 @@ pub struct ChatSpan {
 /// One tool result taken in by a step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolSpan {
+    /// The span's id when it is fixed in advance (a sub-agent call, whose
+    /// child joins under it); `None`: the exporter makes one.
+    pub span_id: Option<[u8; 8]>,
     pub tool: String,
     /// The deterministic call id (`t1-c0`).
     pub call: String,
@@ -173,6 +195,9 @@ pub struct DeferredCall {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepTrace {
     pub context: TraceContext,
+    /// The parent's span for the call that made this session (a sub-agent
+    /// child): the step span goes under it.
+    pub parent: Option<TraceContext>,
     /// The span of the session's step before this one.
     pub previous: Option<TraceContext>,
     pub session: String,

@@ -124,7 +124,7 @@ impl RunnerPort for LocalRunner<'_> {
             RunKind::Background => "runAsync",
             RunKind::Isolated(spec) if !spec.image.is_empty() => "container",
             RunKind::Isolated(_) => "process",
-            RunKind::SubAgent(_) => "subAgent",
+            RunKind::SubAgent(_) => crate::ports::SUB_AGENT_RUNS,
         }
     }
 }

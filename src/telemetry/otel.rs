@@ -88,7 +88,11 @@ impl TracePort for OtelTraces {
     }
 
     fn export(&self, step: StepTrace) {
-        let root = Context::new();
+        // A sub-agent child's steps go under its parent's call span.
+        let root = match &step.parent {
+            Some(parent) => Context::new().with_remote_span_context(span_context(parent)),
+            None => Context::new(),
+        };
         let span = self.tracer.build_with_context(step_span(&step), &root);
         let cx = root.with_span(span);
         for chat in &step.chats {
@@ -135,7 +139,8 @@ fn session_attributes(step: &StepTrace) -> Vec<KeyValue> {
 }
 
 /// `invoke_agent {agent}`: a root span in the session's trace (its ids
-/// are the ones stored on the session), linked to the step before it.
+/// are the ones stored on the session), linked to the step before it; a
+/// sub-agent child's is under its parent's `execute_tool` span instead.
 fn step_span(step: &StepTrace) -> SpanBuilder {
     let name = match &step.agent {
         Some(agent) => format!("invoke_agent {agent}"),
@@ -246,6 +251,9 @@ fn tool_span(tool: &ToolSpan, step: &StepTrace) -> SpanBuilder {
     let mut builder = SpanBuilder::from_name(format!("execute_tool {}", tool.tool))
         .with_kind(SpanKind::Internal)
         .with_start_time(time(tool.started));
+    if let Some(id) = tool.span_id {
+        builder = builder.with_span_id(SpanId::from_bytes(id));
+    }
     if let Some(error) = &tool.error {
         attributes.push(KeyValue::new("error.type", "tool_error"));
         builder = builder.with_status(Status::error(error.clone()));

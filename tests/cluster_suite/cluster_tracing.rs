@@ -335,3 +335,69 @@ fn nothing_secret_was_exported(raw: &str, secrets: &[&str], tools: &Server) {
         "the echoed key was scrubbed, not absent"
     );
 }
+
+const TREE_YAML: &str = r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: researcher}
+spec:
+  description: Answers one question.
+  model: {provider: scripted, scripted: {replies: [{text: "Lisbon: 22 C"}]}}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {name: planner}
+spec:
+  model:
+    provider: scripted
+    scripted:
+      replies:
+        - toolCalls: [{name: researcher, arguments: {prompt: "weather?"}}]
+        - text: "go in May"
+  tools:
+    - {name: researcher, agent: {ref: researcher}}
+---
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {name: plan}
+spec:
+  agentRef: {name: planner}
+  messages: ["plan a trip"]
+"#;
+
+/// A tree of sessions is one trace: the child's step spans are in the
+/// parent's trace, each under the parent's `execute_tool` span of the
+/// call that made the child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_of_sessions_is_one_trace() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    let Some(collector) = Collector::start("cluster-tree") else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "trace-tree").await;
+    let _op = operator(&ns.name, &collector, "tree");
+    apply(&ns.name, TREE_YAML);
+    wait_succeeded(&ns.name, "plan");
+    let spans = collector.wait_for("the parent's span of the call", |s| {
+        tool_span(s, "researcher").is_some() && !named(s, "invoke_agent researcher").is_empty()
+    });
+    println!("the tree's trace:\n{}", tree(&spans));
+    let call = tool_span(&spans, "researcher").unwrap();
+    let child_steps = named(&spans, "invoke_agent researcher");
+    for step in &child_steps {
+        assert_eq!(step.trace_id, call.trace_id, "one trace:\n{}", tree(&spans));
+        assert_eq!(
+            step.parent,
+            call.span_id,
+            "under the call:\n{}",
+            tree(&spans)
+        );
+    }
+    let traces: std::collections::BTreeSet<&str> =
+        spans.iter().map(|s| s.trace_id.as_str()).collect();
+    assert_eq!(traces.len(), 1, "one trace:\n{}", tree(&spans));
+    ns.delete(&client).await;
+}

@@ -42,6 +42,9 @@ pub struct Lineage {
     pub max_depth: u32,
     /// Children that run at once; the rest wait their turn.
     pub max_children: u32,
+    /// The `traceparent` of the parent's span for the call that made this
+    /// session: its step spans go under it.
+    pub trace_parent: Option<String>,
 }
 
 impl Default for Lineage {
@@ -51,6 +54,7 @@ impl Default for Lineage {
             ancestors: Vec::new(),
             max_depth: DEFAULT_MAX_DEPTH,
             max_children: DEFAULT_MAX_CHILDREN,
+            trace_parent: None,
         }
     }
 }
@@ -76,6 +80,11 @@ pub struct ChildPlan {
     /// The parent's deadline: the child must end by then too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Millis>,
+    /// The W3C `traceparent` of the parent's span for this call, when
+    /// traces are exported (the engine sets it): the child's steps join
+    /// that trace under it, so a tree is one trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The child's name: the call's token (`<parent>-t<turn>-c<call>`, cut
@@ -210,6 +219,7 @@ pub fn plan(
         depth: config.lineage.depth + 1,
         stack,
         deadline: config.limits.deadline,
+        traceparent: None,
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicUsize;
 #[derive(Default)]
 struct Children {
     seen: Mutex<Vec<(String, String, u32)>>,
+    traceparents: Mutex<Vec<Option<String>>>,
     steps_running: AtomicUsize,
 }
 
@@ -26,6 +27,8 @@ impl RunnerPort for Children {
         };
         let plan = (child.name.clone(), child.prompt.clone(), child.depth);
         self.seen.lock().unwrap().push(plan);
+        let traceparent = child.traceparent.clone();
+        self.traceparents.lock().unwrap().push(traceparent);
         let running = self
             .steps_running
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -107,4 +110,100 @@ async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name(
         })
         .sum();
     assert_eq!(state.usage.total(), own + CHILD_USAGE.total());
+}
+
+/// Keeps the steps it is given; each fresh context is new.
+#[derive(Default)]
+struct Traces {
+    steps: Mutex<Vec<crate::ports::trace::StepTrace>>,
+    next: std::sync::atomic::AtomicU8,
+}
+
+impl crate::ports::TracePort for Traces {
+    fn fresh_context(&self) -> Option<crate::ports::TraceContext> {
+        let n = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        Some(crate::ports::TraceContext {
+            trace_id: [n; 16],
+            span_id: [n; 8],
+            sampled: true,
+        })
+    }
+    fn export(&self, step: crate::ports::trace::StepTrace) {
+        self.steps.lock().unwrap().push(step);
+    }
+}
+
+fn with_researcher(mut rt: AgentRuntime) -> AgentRuntime {
+    rt.config.tools.insert(
+        "researcher".into(),
+        ToolInfo {
+            container: None,
+            sub_agent: Some("researcher".into()),
+            unknown_outcome: None,
+        },
+    );
+    rt
+}
+
+/// A tree is one trace: the child is made with the `traceparent` of the
+/// parent's span for the call (in the parent's trace), and the span the
+/// parent exports for the child's answer has exactly that id.
+#[tokio::test]
+async fn a_child_is_made_under_the_span_of_its_call() {
+    let store = MemStore::with_session(&["hi"]);
+    let mut ask = calls(&["researcher"]);
+    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
+    let model = Script::new(vec![ask, text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let (children, traces) = (Children::default(), Traces::default());
+    let mut p = ports(&store, &model, &tools, &clock);
+    p.runner = &children;
+    p.tracer = &traces;
+    let outcome = run_to_end(&p, &with_researcher(runtime()), &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let given = children.traceparents.lock().unwrap()[0].clone();
+    let given = crate::ports::TraceContext::parse(&given.expect("a traceparent")).unwrap();
+    let steps = traces.steps.lock().unwrap().clone();
+    assert!(steps.iter().all(|s| s.context.trace_id == given.trace_id));
+    let call_spans: Vec<_> = steps
+        .iter()
+        .flat_map(|s| &s.tools)
+        .filter(|t| t.tool == "researcher")
+        .collect();
+    assert_eq!(call_spans.len(), 1, "{call_spans:?}");
+    assert_eq!(call_spans[0].span_id, Some(given.span_id));
+    assert!(
+        steps.iter().all(|s| s.parent.is_none()),
+        "the root has no parent span"
+    );
+}
+
+/// A child's steps join the trace its `spec.parent` names, each step span
+/// under the parent's call span.
+#[tokio::test]
+async fn a_childs_steps_go_under_its_parents_call_span() {
+    let store = MemStore::with_session(&["hi"]);
+    let model = Script::new(vec![text("the answer")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let traces = Traces::default();
+    let mut p = ports(&store, &model, &tools, &clock);
+    p.tracer = &traces;
+    let parent = "00-0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a-0b0b0b0b0b0b0b0b-01";
+    let mut rt = runtime();
+    rt.config.lineage.trace_parent = Some(parent.into());
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let parent = crate::ports::TraceContext::parse(parent).unwrap();
+    let steps = traces.steps.lock().unwrap().clone();
+    assert!(!steps.is_empty());
+    for s in &steps {
+        assert_eq!(s.context.trace_id, parent.trace_id);
+        assert_eq!(s.parent, Some(parent));
+    }
 }
