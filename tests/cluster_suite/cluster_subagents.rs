@@ -132,6 +132,55 @@ fn operator(ns: &str, kubeconfig: &Path) -> launcher::Operator {
     launcher::Operator::start(BIN, &format!("{ns}-tree"), kubeconfig, &["-n", ns], &[])
 }
 
+/// The operator, exporting its traces to `collector` when there is one.
+fn traced_operator(
+    ns: &str,
+    kubeconfig: &Path,
+    collector: Option<&support::otel::Collector>,
+) -> launcher::Operator {
+    let env = collector.map(|c| c.env()).unwrap_or_default();
+    launcher::Operator::start(BIN, &format!("{ns}-tree"), kubeconfig, &["-n", ns], &env)
+}
+
+/// The tree is one trace, each child's steps under a call span of its
+/// parent. Without kills every span is exported and waited for; a kill
+/// loses what its exporter still queued, so then what arrived is checked.
+fn one_trace(collector: &support::otel::Collector, kills: usize) {
+    let is_child_step = |s: &&support::otel::Span| {
+        s.name == "invoke_agent researcher" || s.name == "invoke_agent leaf"
+    };
+    let spans = if kills == 0 {
+        collector.wait_for("every child's steps", |s| {
+            let leaves = s.iter().filter(|s| s.name == "invoke_agent leaf").count();
+            let middle = s.iter().filter(|s| s.name == "invoke_agent researcher");
+            leaves >= 6 && middle.count() >= 3
+        })
+    } else {
+        std::thread::sleep(Duration::from_secs(2));
+        collector.spans()
+    };
+    let tree = support::otel::tree(&spans);
+    let traces: BTreeSet<&str> = spans.iter().map(|s| s.trace_id.as_str()).collect();
+    assert!(traces.len() <= 1, "one trace for the tree:\n{tree}");
+    let calls: BTreeSet<&str> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool "))
+        .map(|s| s.span_id.as_str())
+        .collect();
+    for step in spans.iter().filter(is_child_step) {
+        assert!(
+            !step.parent.is_empty(),
+            "a child's step has a parent:\n{tree}"
+        );
+        if kills == 0 {
+            assert!(
+                calls.contains(step.parent.as_str()),
+                "under a call span:\n{tree}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
     tree_of_sub_agents(0).await;
@@ -157,7 +206,8 @@ async fn tree_of_sub_agents(kills: usize) {
     let uids = watch_uids(api.clone());
     apply(&ns.name, &agents_yaml(server.port));
     let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
-    let mut op = operator(&ns.name, &kubeconfig);
+    let collector = support::otel::Collector::start(&format!("tree-{kills}"));
+    let mut op = traced_operator(&ns.name, &kubeconfig, collector.as_ref());
     apply(
         &ns.name,
         "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
@@ -166,7 +216,7 @@ async fn tree_of_sub_agents(kills: usize) {
     for _ in 0..kills {
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         op.kill();
-        op = operator(&ns.name, &kubeconfig);
+        op = traced_operator(&ns.name, &kubeconfig, collector.as_ref());
     }
     let all = wait_until(Duration::from_secs(180), "the whole tree succeeded", || {
         let api = api.clone();
@@ -181,6 +231,9 @@ async fn tree_of_sub_agents(kills: usize) {
         }
     })
     .await;
+    if let Some(collector) = &collector {
+        one_trace(collector, kills);
+    }
     let log = op.log_text();
     op.kill();
 

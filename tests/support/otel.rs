@@ -248,14 +248,28 @@ pub fn tree(spans: &[Span]) -> String {
         "trace {}\n",
         traces.into_iter().collect::<Vec<_>>().join(", ")
     );
-    let roots = sorted.iter().filter(|s| s.parent.is_empty());
-    for root in roots {
-        out.push_str(&line(root, 0, &short));
-        for child in sorted.iter().filter(|c| c.parent == root.span_id) {
-            out.push_str(&line(child, 1, &short));
-        }
+    for root in sorted.iter().filter(|s| s.parent.is_empty()) {
+        below(&sorted, root, 0, &short, &mut out);
     }
     out
+}
+
+/// `span` and, indented, the spans under it (a sub-agent's steps go under
+/// its parent's call span), to a bounded depth.
+fn below(
+    sorted: &[&Span],
+    span: &Span,
+    depth: usize,
+    short: &dyn Fn(&str) -> String,
+    out: &mut String,
+) {
+    out.push_str(&line(span, depth, short));
+    if depth >= 16 {
+        return;
+    }
+    for child in sorted.iter().filter(|c| c.parent == span.span_id) {
+        below(sorted, child, depth + 1, short, out);
+    }
 }
 
 fn line(s: &Span, depth: usize, short: &dyn Fn(&str) -> String) -> String {
