@@ -24,16 +24,11 @@ use support::{apply, kubectl, kubectl_ok, wait_until, TestNamespace};
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
 async fn setup(prefix: &str) -> Option<(Client, TestNamespace)> {
-    let client = support::cluster().await?;
-    support::install_crds(&client).await;
-    let ns = TestNamespace::create(&client, prefix).await;
-    Some((client, ns))
+    support::cluster_namespace(prefix).await
 }
 
 fn operator(ns: &str, tag: &str) -> launcher::Operator {
-    let kubeconfig = support::kubeconfig_path().expect("the test cluster's kubeconfig");
-    let name = format!("{ns}-{tag}");
-    launcher::Operator::start(BIN, &name, &kubeconfig, &["-n", ns], &[])
+    launcher::Operator::watching(BIN, ns, tag)
 }
 
 fn model_server() -> (Server, Arc<Mutex<Vec<String>>>) {

@@ -56,6 +56,15 @@ impl Operator {
         }
     }
 
+    /// An operator of `bin` watching namespace `ns` only, on the test
+    /// cluster, its log named by `ns` and `tag`.
+    #[allow(dead_code)]
+    pub fn watching(bin: &str, ns: &str, tag: &str) -> Operator {
+        let kubeconfig = super::kubeconfig_path().expect("the test cluster's kubeconfig");
+        let name = format!("{ns}-{tag}");
+        Operator::start(bin, &name, &kubeconfig, &["-n", ns], &[])
+    }
+
     /// GET `path` on the metrics port: (status, body).
     pub fn probe(&self, path: &str) -> (u16, String) {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.metrics)) else {

@@ -331,6 +331,16 @@ fn added_by_cargo_test(name: &str) -> bool {
     EXACT.contains(&name) || name.starts_with("CARGO_PKG_") || name.starts_with("CARGO_BIN_EXE_")
 }
 
+/// The test cluster with the repo's CRDs installed and a fresh namespace
+/// named after `prefix`; `None` without a cluster (the test is skipped).
+#[allow(dead_code)]
+pub async fn cluster_namespace(prefix: &str) -> Option<(kube::Client, TestNamespace)> {
+    let client = cluster().await?;
+    install_crds(&client).await;
+    let ns = TestNamespace::create(&client, prefix).await;
+    Some((client, ns))
+}
+
 /// Every CustomResourceDefinition in `crds/*.yaml` (multi-document files allowed).
 pub fn crds_from_repo() -> Vec<(String, CustomResourceDefinition)> {
     let dir = repo_root().join("crds");
