@@ -17,7 +17,7 @@ use crate::core::envelope::idempotency_key;
 use crate::core::session::Outlook;
 use crate::core::{Millis, Scope, SessionId, TokenUsage, ToolResult};
 use crate::ports::trace::{ChatSpan, DeferredCall, ResultSource, StepTrace, ToolSpan};
-use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort, SUB_AGENT_RUNS};
+use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort};
 use std::sync::Mutex;
 
 /// What a step reported so far.
@@ -49,6 +49,9 @@ pub(super) struct StepRecorder<'a> {
     fresh: Option<TraceContext>,
     /// A sub-agent child's: the parent's span for the call that made it.
     tree_parent: Option<TraceContext>,
+    /// The agent's `agent` tools: a call of one has a span id derived in
+    /// advance, whichever way its answer comes back.
+    sub_agent_tools: std::collections::BTreeSet<String>,
     recording: Mutex<Recording>,
 }
 
@@ -67,6 +70,13 @@ impl<'a> StepRecorder<'a> {
             agent: agent.config.agent.clone(),
             content: fresh.is_some() && p.tracer.records_content(),
             fresh,
+            sub_agent_tools: agent
+                .config
+                .tools
+                .iter()
+                .filter(|(_, info)| info.sub_agent.is_some())
+                .map(|(name, _)| name.clone())
+                .collect(),
             tree_parent: agent
                 .config
                 .lineage
@@ -229,13 +239,12 @@ impl<'a> StepRecorder<'a> {
             true => scrub(&message),
             false => "the tool answered with an error".to_string(),
         });
-        // A sub-agent call's span has the id its child was given.
-        let span_id = match (by, r.context) {
-            (Provenance::Runner(SUB_AGENT_RUNS), Some(context)) => {
-                Some(context.sub_agent_call(&r.session, call).span_id)
-            }
-            _ => None,
-        };
+        // A sub-agent call's span has the id its child was given, whether
+        // its runner or the call's Continuation brought the answer.
+        let span_id = r
+            .context
+            .filter(|_| self.sub_agent_tools.contains(tool))
+            .map(|context| context.sub_agent_call(&r.session, call).span_id);
         Some(ToolSpan {
             span_id,
             tool: tool.clone(),
