@@ -128,11 +128,11 @@ pub async fn run(
 
 fn print(tree: &Value, output: OutputFormat) -> anyhow::Result<ExitCode> {
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(tree)?);
+        crate::standalone::out::line(&serde_json::to_string_pretty(tree)?);
     } else {
         let mut out = String::new();
         render(tree, 0, &mut out);
-        print!("{out}");
+        crate::standalone::out::text(&out);
     }
     Ok(ExitCode::SUCCESS)
 }
