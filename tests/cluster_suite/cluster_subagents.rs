@@ -1,9 +1,12 @@
 //! Sub-agents on the real test cluster: a root Session whose Agent calls
 //! another Agent as a tool (3 children), each of which calls a third (2
 //! grandchildren each), against an OpenAI-compatible fake model. Every
-//! session must succeed, each Session must be created once (one UID per
-//! name over the whole run), each model turn asked once, and the root's
-//! answer holds its children's answers, which hold their children's.
+//! session also sends one side effect (an http tool, runSync) to a counting
+//! server under its idempotency key. Every session must succeed, each
+//! Session must be created once (one UID per name over the whole run), each
+//! model turn asked once, each side effect sent under one key of its own,
+//! and the root's answer holds its children's answers, which hold their
+//! children's.
 //!
 //! Each test starts its own `agents operator -n NS` child process.
 
@@ -20,85 +23,119 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::http::{Response, Server};
+use support::http::{Request, Response, Server};
 use support::{apply, launcher, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
 /// (first user message, turn) -> times asked.
-type Turns = Arc<Mutex<BTreeMap<(String, usize), u32>>>;
+pub(crate) type Turns = Arc<Mutex<BTreeMap<(String, usize), u32>>>;
+/// Idempotency key -> times the `effect` tool was sent it.
+pub(crate) type Effects = Arc<Mutex<BTreeMap<String, u32>>>;
 
-/// The fake model: the planner asks 3 researchers, each researcher asks 2
-/// leaves, a leaf answers at once; a caller answers once its calls are
-/// back, quoting their results. Sessions are told apart by their first
-/// message (the root's is "root", a child's the prompt its parent gave).
-fn model(turns: Turns) -> Server {
+/// What the tree's fake model and its `effect` tool saw.
+#[derive(Clone, Default)]
+pub(crate) struct Seen {
+    pub turns: Turns,
+    pub effects: Effects,
+}
+
+/// The fake model, and the `effect` tool at `/effect` (counted by
+/// idempotency key): the planner asks 3 researchers, each researcher asks
+/// 2 leaves, each of them sends one `effect` on its first turn; a leaf
+/// answers once its effect is back, a caller once its calls are back,
+/// quoting their results. Sessions are told apart by their first message
+/// (the root's is "root", a child's the prompt its parent gave).
+pub(crate) fn model(seen: Seen) -> Server {
     Server::start(move |req| {
-        let body = req.json();
-        let messages = body["messages"].as_array().cloned().unwrap_or_default();
-        let system = messages
-            .iter()
-            .find(|m| m["role"] == "system")
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or("")
-            .to_string();
-        let first = messages
-            .iter()
-            .find(|m| m["role"] == "user")
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or("?")
-            .to_string();
-        let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
-        *turns
-            .lock()
-            .unwrap()
-            .entry((first.clone(), turn))
-            .or_insert(0) += 1;
-        let calls = |tool: &str, n: usize| -> Value {
-            (0..n)
-                .map(|i| {
-                    let args = json!({"prompt": format!("{first}.{i}")}).to_string();
-                    json!({"id": format!("call{i}"), "type": "function",
-                        "function": {"name": tool, "arguments": args}})
-                })
-                .collect()
-        };
-        let results: Vec<String> = messages
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .filter_map(|m| m["content"].as_str().map(str::to_string))
-            .collect();
-        let message = match (system.as_str(), turn) {
-            ("planner", 0) => {
-                json!({"role": "assistant", "content": null, "tool_calls": calls("researcher", 3)})
-            }
-            ("boss", 0) => {
-                json!({"role": "assistant", "content": null, "tool_calls": calls("waits", 1)})
-            }
-            ("researcher", 0) => {
-                json!({"role": "assistant", "content": null, "tool_calls": calls("leaf", 2)})
-            }
-            ("leaf", _) => json!({"role": "assistant", "content": format!("leaf {first}")}),
-            _ => {
-                json!({"role": "assistant", "content": format!("{first} [{}]", results.join(" | "))})
-            }
-        };
-        Response::json(
-            200,
-            json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
-            .to_string(),
-        )
+        if req.path.ends_with("/effect") {
+            let key = req.header("idempotency-key").unwrap_or("").to_string();
+            *seen.effects.lock().unwrap().entry(key).or_insert(0) += 1;
+            return Response::json(200, r#"{"ok":true}"#);
+        }
+        model_reply(req, &seen.turns)
     })
 }
 
-fn agents_yaml(port: u16) -> String {
+fn model_reply(req: &Request, turns: &Turns) -> Response {
+    let body = req.json();
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let system = messages
+        .iter()
+        .find(|m| m["role"] == "system")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_string();
+    let first = messages
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("?")
+        .to_string();
+    let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
+    *turns
+        .lock()
+        .unwrap()
+        .entry((first.clone(), turn))
+        .or_insert(0) += 1;
+    let effect = json!({"id": "effect", "type": "function",
+        "function": {"name": "effect", "arguments": json!({"who": first}).to_string()}});
+    let calls = |tool: &str, n: usize| -> Value {
+        let mut calls: Vec<Value> = (0..n)
+            .map(|i| {
+                let args = json!({"prompt": format!("{first}.{i}")}).to_string();
+                json!({"id": format!("call{i}"), "type": "function",
+                    "function": {"name": tool, "arguments": args}})
+            })
+            .collect();
+        if tool != "waits" {
+            calls.push(effect.clone());
+        }
+        Value::Array(calls)
+    };
+    let results: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .collect();
+    let message = match (system.as_str(), turn) {
+        ("planner", 0) => {
+            json!({"role": "assistant", "content": null, "tool_calls": calls("researcher", 3)})
+        }
+        ("boss", 0) => {
+            json!({"role": "assistant", "content": null, "tool_calls": calls("waits", 1)})
+        }
+        ("researcher", 0) => {
+            json!({"role": "assistant", "content": null, "tool_calls": calls("leaf", 2)})
+        }
+        ("leaf", 0) => json!({"role": "assistant", "content": null, "tool_calls": [effect]}),
+        ("leaf", _) => json!({"role": "assistant", "content": format!("leaf {first}")}),
+        _ => {
+            json!({"role": "assistant", "content": format!("{first} [{}]", results.join(" | "))})
+        }
+    };
+    Response::json(
+        200,
+        json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+        .to_string(),
+    )
+}
+
+/// The planner, researcher and leaf Agents at the fake on `port`, each
+/// with the `effect` tool; `leaf_policy` is the leaf's `policy` (YAML
+/// flow, empty for none), e.g. an approval before its effect.
+pub(crate) fn tree_agents_yaml(port: u16, leaf_policy: &str) -> String {
     let agent = |name: &str, tool: Option<&str>| {
-        let tools = tool
-            .map(|t| format!("  tools:\n  - name: {t}\n    agent: {{ref: {t}}}\n"))
+        let sub = tool
+            .map(|t| format!("  - name: {t}\n    agent: {{ref: {t}}}\n"))
             .unwrap_or_default();
+        let policy = match (name, leaf_policy) {
+            ("leaf", p) if !p.is_empty() => format!("  policy: {p}\n"),
+            _ => String::new(),
+        };
         format!(
-            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec:\n  description: the {name}\n  systemPrompt: {name}\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n{tools}"
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec:\n  description: the {name}\n  systemPrompt: {name}\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n{policy}  tools:\n{sub}  - name: effect\n    http: {{url: \"http://127.0.0.1:{port}/effect\"}}\n"
         )
     };
     [
@@ -107,6 +144,19 @@ fn agents_yaml(port: u16) -> String {
         agent("leaf", None),
     ]
     .concat()
+}
+
+/// Every model turn of the tree: (the session's first message, turn).
+pub(crate) fn tree_turns() -> BTreeSet<(String, usize)> {
+    let mut sessions = vec!["root".to_string()];
+    for i in 0..3 {
+        sessions.push(format!("root.{i}"));
+        sessions.extend((0..2).map(|j| format!("root.{i}.{j}")));
+    }
+    sessions
+        .into_iter()
+        .flat_map(|s| [(s.clone(), 0), (s, 1)])
+        .collect()
 }
 
 /// Every UID each Session name had while the watch ran.
@@ -179,8 +229,10 @@ async fn a_tree_of_sub_agents_runs_each_session_and_turn_once() {
 }
 
 /// The same tree while the operator is SIGKILLed at random moments (and
-/// started again): every Session is still created once and each answer
-/// taken once; a model turn cut by a kill may be asked again.
+/// started again): every Session is still created once, each answer
+/// taken once and each side effect sent under one key of its own; a model
+/// turn or a side effect cut by a kill may be asked again (the effect
+/// under the same key, which the tool recognises).
 #[tokio::test]
 async fn a_tree_of_sub_agents_under_operator_kills_creates_each_session_once() {
     tree_of_sub_agents(support::sized("AGENTS_SUBAGENT_KILLS", 5)).await;
@@ -192,11 +244,11 @@ async fn tree_of_sub_agents(kills: usize) {
     };
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "subagents-tree").await;
-    let turns: Turns = Arc::default();
-    let server = model(turns.clone());
+    let seen = Seen::default();
+    let server = model(seen.clone());
     let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
     let uids = watch_uids(api.clone());
-    apply(&ns.name, &agents_yaml(server.port));
+    apply(&ns.name, &tree_agents_yaml(server.port, ""));
     let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
     let collector = support::otel::Collector::start(&format!("tree-{kills}"));
     let mut op = traced_operator(&ns.name, &kubeconfig, collector.as_ref());
@@ -279,8 +331,9 @@ async fn tree_of_sub_agents(kills: usize) {
         uids.values().all(|u| u.len() == 1),
         "a name had two UIDs: {uids:?}"
     );
-    let turns = turns.lock().unwrap().clone();
-    assert_eq!(turns.len(), 2 + 3 * 2 + 6, "{turns:?}");
+    let turns = seen.turns.lock().unwrap().clone();
+    let asked: BTreeSet<(String, usize)> = turns.keys().cloned().collect();
+    assert_eq!(asked, tree_turns(), "{turns:?}");
     // A model call cut by a kill is asked again (its reply was never
     // recorded); without kills, each turn is asked exactly once.
     let repeated: Vec<_> = turns.iter().filter(|(_, n)| **n > 1).collect();
@@ -290,11 +343,12 @@ async fn tree_of_sub_agents(kills: usize) {
         "turns asked more than once: {turns:?}\n{log}"
     );
     // Usage up the tree, once across kills: the root's usage is every
-    // recorded model turn of the tree (14 turns, 10 + 5 tokens each).
+    // recorded model turn of the tree (20 turns, 10 + 5 tokens each).
     let usage = root.status.as_ref().unwrap().usage;
+    let recorded = tree_turns().len() as u64;
     assert_eq!(
         (usage.prompt_tokens, usage.completion_tokens),
-        (14 * 10, 14 * 5),
+        (recorded * 10, recorded * 5),
         "the root's usage after {kills} kills\n{log}"
     );
     // Each child's answer taken once: the root quotes each leaf once.
@@ -304,7 +358,28 @@ async fn tree_of_sub_agents(kills: usize) {
             assert_eq!(answer.matches(&leaf).count(), 1, "root's answer: {answer}");
         }
     }
+    let names: Vec<String> = by_name.keys().cloned().collect();
+    check_effects(&seen, &names, kills);
     ns.delete(&client).await;
+}
+
+/// Each session sent its one side effect under a key of its own (the key
+/// names the namespace, the session, its UID and the call). A call cut by
+/// a kill may be sent again under the same key, which the tool recognises
+/// (at most once per kill); never under another key.
+pub(crate) fn check_effects(seen: &Seen, sessions: &[String], kills: usize) {
+    let keys = seen.effects.lock().unwrap().clone();
+    assert_eq!(keys.len(), sessions.len(), "one key per session: {keys:?}");
+    for s in sessions {
+        let mine = keys.keys().filter(|k| k.contains(&format!("/{s}/")));
+        assert_eq!(mine.count(), 1, "{s}: one effect key: {keys:?}");
+    }
+    let again: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
+    println!("{kills} kills: effects sent again under their key after a kill: {again:?}");
+    assert!(
+        keys.values().all(|n| *n as usize <= 1 + kills),
+        "effects sent more than once: {keys:?}"
+    );
 }
 
 /// A child that waits for an outside party forever: deleting it by hand
@@ -317,8 +392,7 @@ async fn a_child_deleted_by_hand_is_an_error_result_not_a_wait_for_ever() {
     };
     support::install_crds(&client).await;
     let ns = TestNamespace::create(&client, "subagents-deleted").await;
-    let turns: Turns = Arc::default();
-    let server = model(turns.clone());
+    let server = model(Seen::default());
     let port = server.port;
     let yaml = format!(
         "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: planner}}\nspec:\n  systemPrompt: boss\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{port}/v1\", model: m}}}}\n  tools:\n  - name: waits\n    agent: {{ref: waits}}\n  policy:\n    rules: [{{tool: waits, disposition: runSync}}]\n{}",
