@@ -27,6 +27,7 @@ mod cluster_quota;
 mod cluster_secrets;
 mod cluster_smoke;
 mod cluster_storage;
+mod cluster_subagent_cascade;
 mod cluster_subagent_waits;
 mod cluster_subagents;
 mod cluster_tenant;
