@@ -11,6 +11,8 @@
 //!
 //! Each test starts its own `agents operator -n NS` child process.
 
+use crate::cluster_subagent_waits::{agents, said};
+use crate::cluster_subagents::{check_effects, model, tree_agents_yaml, tree_turns, Seen};
 use crate::support;
 
 use serde_json::Value;
@@ -20,6 +22,7 @@ use support::mcp::McpServer;
 use support::{apply, kubectl_ok, wait_until, BUSYBOX_IMAGE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
+const PAUSED_BY_PARENT: &str = "agents-exe.io/paused-by-parent";
 
 /// `boss` calls `mid`; `mid` calls `slow` (a sub-agent) and the MCP
 /// server's `long_job` (a task of ten minutes); `slow` runs a tool Job
@@ -160,5 +163,154 @@ async fn deleting_the_root_takes_the_tree_and_cancels_its_jobs_and_mcp_tasks() {
         .collect();
     assert_eq!(cancels.len(), 1, "{cancels:?}\n{log}");
     assert_eq!(cancels[0]["taskId"], task.as_str(), "{log}");
+    ns.delete(&client).await;
+}
+
+/// Each session of the tree: (name, spec.paused, paused by its parent,
+/// phase).
+fn tree_state(ns: &str) -> Vec<(String, bool, bool, String)> {
+    get_json(ns, "sessions")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let name = s["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let paused = s["spec"]["paused"] == true;
+            let by_parent = s["metadata"]["annotations"][PAUSED_BY_PARENT].is_string();
+            let phase = s["status"]["phase"].as_str().unwrap_or("").to_string();
+            (name, paused, by_parent, phase)
+        })
+        .collect()
+}
+
+fn agents_ok(ns: &str, args: &[&str]) -> String {
+    let out = agents(ns, args);
+    assert!(out.status.success(), "agents {args:?}: {}", said(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn turns_asked(seen: &Seen) -> u32 {
+    seen.turns.lock().unwrap().values().sum()
+}
+
+/// The tree of `cluster_subagents` whose leaves wait for an approval
+/// before their effect. With every leaf waiting, a person pauses one
+/// child (`root-t1-c1`), then the root is paused: every running
+/// descendant is paused, the others by their parent. The leaves' approvals
+/// given while paused start nothing. Resuming the root resumes what it
+/// paused and the other two branches finish; the child the person paused
+/// (and the leaves it paused) stay paused until the person resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_the_root_pauses_the_tree_and_resuming_it_resumes_the_tree() {
+    let Some((client, ns)) = support::cluster_namespace("subagents-pause").await else {
+        return;
+    };
+    let seen = Seen::default();
+    let server = model(seen.clone());
+    let approval = "{rules: [{tool: effect, disposition: runSync, approval: {}}]}";
+    apply(&ns.name, &tree_agents_yaml(server.port, approval));
+    let op = Operator::watching(BIN, &ns.name, "pause");
+    apply(
+        &ns.name,
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n",
+    );
+    let tokens = wait_until(Duration::from_secs(90), "six leaves waiting", || {
+        let ns = ns.name.clone();
+        async move {
+            let out = agents(&ns, &["session", "pending", "root", "-o", "json"]);
+            let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let tokens: Vec<String> = list
+                .as_array()?
+                .iter()
+                .filter_map(|w| w["token"].as_str().map(str::to_string))
+                .collect();
+            (tokens.len() == 6).then_some(tokens)
+        }
+    })
+    .await;
+    let (mine, before) = ("root-t1-c1", turns_asked(&seen));
+    assert_eq!(before, 10, "each session's first turn: {:?}", seen.turns);
+
+    agents_ok(&ns.name, &["session", "pause", mine]);
+    agents_ok(&ns.name, &["session", "pause", "root"]);
+    let state = wait_until(Duration::from_secs(60), "the tree paused", || {
+        let ns = ns.name.clone();
+        async move {
+            let state = tree_state(&ns);
+            (state.len() == 10 && state.iter().all(|s| s.1)).then_some(state)
+        }
+    })
+    .await;
+    for (name, _, by_parent, _) in &state {
+        let expected = name != "root" && name != mine;
+        assert_eq!(
+            *by_parent, expected,
+            "{name} paused by its parent: {state:?}"
+        );
+    }
+    for token in &tokens {
+        agents_ok(&ns.name, &["session", "approve", token, "--by", "alice"]);
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        turns_asked(&seen),
+        before,
+        "nothing steps while the tree is paused: {:?}",
+        seen.turns
+    );
+    assert_eq!(
+        seen.effects.lock().unwrap().len(),
+        4,
+        "no leaf's effect ran"
+    );
+
+    agents_ok(&ns.name, &["session", "resume", "root"]);
+    let state = wait_until(Duration::from_secs(90), "two branches finish", || {
+        let ns = ns.name.clone();
+        async move {
+            let state = tree_state(&ns);
+            let done = |n: &str| state.iter().any(|s| s.0 == n && s.3 == "Succeeded");
+            (done("root-t1-c0") && done("root-t1-c2")).then_some(state)
+        }
+    })
+    .await;
+    for (name, paused, _, phase) in &state {
+        let held = name.starts_with(mine);
+        assert_eq!(*paused, held, "{name}: {state:?}");
+        if held || name == "root" {
+            assert_ne!(phase, "Succeeded", "{name} went on: {state:?}");
+        } else {
+            assert_eq!(phase, "Succeeded", "{name}: {state:?}");
+        }
+    }
+    let asked = seen.turns.lock().unwrap().clone();
+    for leaf in ["root.1.0", "root.1.1"] {
+        assert!(!asked.contains_key(&(leaf.into(), 1)), "{leaf}: {asked:?}");
+    }
+    // The person resumes their child; it resumes the leaves it paused.
+    agents_ok(&ns.name, &["session", "resume", mine]);
+    wait_until(Duration::from_secs(90), "the root finished", || {
+        let ns = ns.name.clone();
+        async move {
+            let state = tree_state(&ns);
+            let root = state.iter().find(|s| s.0 == "root")?;
+            (root.3 == "Succeeded").then_some(())
+        }
+    })
+    .await;
+    let log = op.log_text();
+    drop(op);
+    let turns = seen.turns.lock().unwrap().clone();
+    let wanted = tree_turns();
+    assert_eq!(turns.len(), wanted.len(), "{turns:?}");
+    for turn in &wanted {
+        assert_eq!(
+            turns.get(turn),
+            Some(&1),
+            "{turn:?} asked once: {turns:?}\n{log}"
+        );
+    }
+    let names: Vec<String> = tree_state(&ns.name).into_iter().map(|s| s.0).collect();
+    check_effects(&seen, &names, 0);
     ns.delete(&client).await;
 }

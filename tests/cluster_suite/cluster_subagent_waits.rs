@@ -96,7 +96,7 @@ spec:
 }
 
 /// `agents ARGS --store kube -n NS`.
-fn agents(ns: &str, args: &[&str]) -> Output {
+pub(crate) fn agents(ns: &str, args: &[&str]) -> Output {
     let kubeconfig = support::kubeconfig_path().expect("kubeconfig");
     Command::new(BIN)
         .args(args)
@@ -109,7 +109,7 @@ fn agents(ns: &str, args: &[&str]) -> Output {
         .expect("run agents")
 }
 
-fn said(o: &Output) -> String {
+pub(crate) fn said(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
         o.status.code(),
