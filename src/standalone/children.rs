@@ -16,13 +16,14 @@ use super::driver::{drive_session, pending_calls, DriveOptions, Outcome};
 use super::progress::{PendingCall, Progress};
 use crate::agent::{subagents, Definition, RunnableAgent};
 use crate::core::session::subagent::{self, ChildPlan};
-use crate::core::{Phase, SessionId, SessionState, ToolResult};
-use crate::engine::{Roles, SessionPort};
+use crate::core::{ContinuationToken, Phase, SessionId, SessionState, ToolResult};
+use crate::engine::{Roles, SessionPort, SystemClock};
 use crate::ports::{AdminPort, RunStatus, SessionInput, SessionRecord, StoreError, TreeLink};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::time::Duration;
 use tracing::warn;
 
 /// A session's definition as the embedded store keeps it: its agent, and
@@ -68,14 +69,17 @@ enum NoChild {
 #[derive(Clone, Copy)]
 pub struct ChildRunner<'a> {
     pub store: &'a dyn AdminPort,
+    /// The session whose calls these are.
+    pub parent: &'a SessionId,
     pub opts: &'a DriveOptions,
     pub report: &'a (dyn Fn(&Progress) + Send + Sync),
 }
 
 impl<'a> ChildRunner<'a> {
     /// The child of `plan`: created if absent, then driven until it ends
-    /// (its answer) or waits on the outside (in flight).
-    pub fn start(self, plan: &'a ChildPlan) -> BoxFuture<'a, RunStatus> {
+    /// (its answer), waits on the outside, is paused with a session above
+    /// it, or runs past `bound` (the call's timeout): in flight, then.
+    pub fn start(self, plan: &'a ChildPlan, bound: Option<Duration>) -> BoxFuture<'a, RunStatus> {
         Box::pin(async move {
             let record = match self.child(plan, true).await {
                 Ok(record) => record,
@@ -88,7 +92,47 @@ impl<'a> ChildRunner<'a> {
             if let Some(done) = outcome(plan, &record.state) {
                 return done;
             }
-            self.drive(plan, &record).await
+            let Some(bound) = bound else {
+                return self.drive(plan, &record).await;
+            };
+            // Past its time the child is left where it is: the parent's
+            // next step ends the call (the model is told) and releases it.
+            tokio::time::timeout(bound, self.drive(plan, &record))
+                .await
+                .unwrap_or(RunStatus::InFlight)
+        })
+    }
+
+    /// Stops the child of the call `token` (its timeout ended the call
+    /// first): the child and every unfinished session below it end
+    /// `Failed`, saying why. A finished child is left as it is.
+    pub fn release(self, token: &'a ContinuationToken) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let id = SessionId(token.as_str().to_string());
+            let Ok(Some(child)) = SessionPort::load(self.store, &id).await else {
+                return;
+            };
+            let mine = stored_parent(&child.value).is_some_and(|p| p.name == self.parent.0);
+            if !mine || child.value.state.phase.is_final() {
+                return;
+            }
+            let members = match self.store.tree(&id).await {
+                Ok(members) => members,
+                Err(e) => {
+                    warn!(child = %id, error = %e, "stopping a sub-agent session failed");
+                    return;
+                }
+            };
+            let why = format!(
+                "stopped: the call that made it ({} of session {}) timed out",
+                token, self.parent
+            );
+            for m in members.iter().filter(|m| !m.record.state.phase.is_final()) {
+                let below = &m.record.state.id;
+                if let Err(e) = crate::engine::fail(self.store, &SystemClock, below, &why).await {
+                    warn!(session = %below, error = %e, "stopping a sub-agent session failed");
+                }
+            }
         })
     }
 
@@ -151,7 +195,9 @@ impl<'a> ChildRunner<'a> {
             }
         };
         let id = SessionId(plan.name.clone());
-        match drive_session(self.store, &agent, &id, self.opts, &quiet).await {
+        let mut opts = self.opts.clone();
+        opts.held_by.push(self.parent.clone());
+        match drive_session(self.store, &agent, &id, &opts, &quiet).await {
             Ok(Outcome::Succeeded { answer }) => RunStatus::Finished(ToolResult::text(answer)),
             Ok(Outcome::Failed { reason }) => RunStatus::Finished(failed(plan, &reason)),
             Ok(_) => RunStatus::InFlight,

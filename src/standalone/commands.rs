@@ -106,6 +106,7 @@ fn options(sel: &StoreSel) -> DriveOptions {
         runner: ProcessRunner::default(),
         container: Default::default(),
         store_flag: store_flag(sel),
+        held_by: Vec::new(),
     }
 }
 
@@ -857,6 +858,7 @@ pub async fn run_isolated(
         runner: ProcessRunner::default(),
         container: crate::runner::container::ContainerRunner::with_engine(container_engine),
         store_flag: store_flag(sel),
+        held_by: Vec::new(),
     };
     let quiet_yield = |p: &Progress| {
         if !matches!(p, Progress::Yielded { .. }) {

@@ -52,6 +52,10 @@ pub struct DriveOptions {
     pub container: ContainerRunner,
     /// Shown in hints: the `--store` flag that reaches this store.
     pub store_flag: String,
+    /// The sessions above a child driven in this process, its parent
+    /// last: a pause of any of them pauses it too (between its steps), and
+    /// their resume resumes it. A child's own pause is its own.
+    pub held_by: Vec<SessionId>,
 }
 
 pub type DriveError = EngineError;
@@ -100,7 +104,12 @@ impl RunnerPort for LocalRunner<'_> {
                 RunKind::Isolated(spec) => {
                     self.process.run(envelope, spec, Some(timeout)).await.result
                 }
-                RunKind::SubAgent(child) => return self.children.start(child).await,
+                // Only a `timeout` decorator bounds a child: a child is no
+                // tool run, and has no default time.
+                RunKind::SubAgent(child) => {
+                    let bound = envelope.policy.decorators.timeout_seconds.map(|_| timeout);
+                    return self.children.start(child, bound).await;
+                }
             };
             RunStatus::Finished(result)
         })
@@ -117,6 +126,10 @@ impl RunnerPort for LocalRunner<'_> {
             // Runs of this process end before `start` returns.
             _ => Box::pin(async { RunStatus::InFlight }),
         }
+    }
+
+    fn release_child<'a>(&'a self, token: &'a crate::core::ContinuationToken) -> BoxFuture<'a, ()> {
+        self.children.release(token)
     }
 
     fn label(&self, kind: RunKind<'_>) -> &'static str {
@@ -186,7 +199,11 @@ async fn drive_loop(
     let roles = opts.roles.unwrap_or(Roles::ALL);
     let rt = runtime(agent);
     let clock = SystemClock;
+    let (mut woken_at, mut pause_seen) = (None, false);
     loop {
+        if held_by_a_pause(store, &opts.held_by).await? {
+            return Ok(Outcome::Paused);
+        }
         let step = match local_step(store, agent, &rt, id, opts, &holder, roles, report).await {
             Ok(step) => step,
             Err(error) => return counted(store, id, error).await,
@@ -207,12 +224,39 @@ async fn drive_loop(
             // start with the model's role).
             StepOutcome::Waiting { .. }
                 if roles.model && children::turn_is_free(&step.state, agent) => {}
+            // A wait whose deadline has passed (a sub-agent call stopped by
+            // its timeout in this process): the next step ends it and
+            // tells the model. Once per deadline, so nothing loops.
+            StepOutcome::Waiting {
+                wake_at: Some(at), ..
+            } if at <= clock.now() && woken_at != Some(at) => {
+                woken_at = Some(at);
+            }
+            // Paused while the step ran (its children stopped for it):
+            // one more step records the pause and says so.
+            StepOutcome::Waiting { .. }
+                if !pause_seen && held_by_a_pause(store, std::slice::from_ref(id)).await? =>
+            {
+                pause_seen = true;
+            }
             StepOutcome::Waiting { .. } => {
                 let pending = pending_calls(&step.state, opts, roles);
                 return Ok(Outcome::Yielded { pending });
             }
         }
     }
+}
+
+/// Whether a session above this one (see [`DriveOptions::held_by`]) is
+/// paused.
+async fn held_by_a_pause(store: &dyn AdminPort, above: &[SessionId]) -> Result<bool, DriveError> {
+    for id in above {
+        let record = SessionPort::load(store, id).await?;
+        if record.is_some_and(|r| r.value.input.paused) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// This CLI process as a claim holder: it judges the claims of other
@@ -259,6 +303,7 @@ async fn local_step(
         container: &opts.container,
         children: ChildRunner {
             store,
+            parent: id,
             opts,
             report,
         },

@@ -32,6 +32,16 @@ type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
 /// when `guard`) and then answers; a caller answers with its calls'
 /// results. Sessions are told apart by their first message.
 fn model(turns: Counts, guard: bool) -> Server {
+    model_with(turns, guard, |_| {})
+}
+
+/// [`model`], calling `on_turn` with each turn's "first message/turn"
+/// before it answers (to act while that turn is under way).
+fn model_with(
+    turns: Counts,
+    guard: bool,
+    on_turn: impl Fn(&str) + Send + Sync + 'static,
+) -> Server {
     Server::start(move |req| {
         let body = req.json();
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
@@ -50,6 +60,7 @@ fn model(turns: Counts, guard: bool) -> Server {
             .unwrap()
             .entry(format!("{first}/{turn}"))
             .or_insert(0) += 1;
+        on_turn(&format!("{first}/{turn}"));
         let call = |i: usize, tool: &str, args: Value| {
             json!({"id": format!("call{i}"), "type": "function",
                 "function": {"name": tool, "arguments": args.to_string()}})
@@ -103,6 +114,12 @@ fn tool_server(effects: Counts) -> Server {
 }
 
 fn manifests(model: u16, tools: u16) -> String {
+    manifests_with(model, tools, "")
+}
+
+/// [`manifests`] with `planner_policy` (YAML lines under `spec:`) added to
+/// the planner.
+fn manifests_with(model: u16, tools: u16, planner_policy: &str) -> String {
     let agent = |name: &str, extra: &str| {
         format!(
             "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec:\n  description: the {name}\n  systemPrompt: {name}\n  model: {{provider: openai, openai: {{baseUrl: \"http://127.0.0.1:{model}/v1\", model: m}}}}\n{extra}"
@@ -112,7 +129,10 @@ fn manifests(model: u16, tools: u16) -> String {
         "  tools:\n  - {{name: note, http: {{url: \"http://127.0.0.1:{tools}/note\"}}}}\n  - {{name: guarded, http: {{url: \"http://127.0.0.1:{tools}/guarded\"}}}}\n  policy:\n    default: runSync\n    rules:\n    - {{tool: guarded, disposition: runSync, approval: true}}\n"
     );
     [
-        agent("planner", "  tools:\n  - name: researcher\n    agent: {ref: researcher}\n"),
+        agent(
+            "planner",
+            &format!("  tools:\n  - name: researcher\n    agent: {{ref: researcher}}\n{planner_policy}"),
+        ),
         agent("researcher", "  tools:\n  - name: leaf\n    agent: {ref: leaf}\n"),
         agent("leaf", &leaf_tools),
         "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: root}\nspec: {agentRef: {name: planner}, messages: [root]}\n".to_string(),
@@ -542,4 +562,103 @@ fn a_child_that_fails_gives_its_call_an_error_result_naming_it() {
         tree.contains("root-t1-c0 [Failed] agent broken depth 1 call t1-c0"),
         "{tree}"
     );
+}
+
+/// `agents session pause root` from another process while a leaf's first
+/// model turn is under way: the leaf (driven inside its parent's step,
+/// inside the root's) ends its step, and then no session of the tree takes
+/// another (the other leaf and researchers are made but not driven), and
+/// `agents run` ends paused. `agents
+/// session resume root` runs the tree on to its end, each turn asked once.
+#[test]
+fn a_paused_root_pauses_the_child_under_way_and_resume_runs_the_tree_on() {
+    let (turns, effects) = (Counts::default(), Counts::default());
+    let s = Scratch::new("subagents-pause");
+    let pause = s.cmd(&["session", "pause", "root"]);
+    let pause = Mutex::new(Some(pause));
+    let model = model_with(turns.clone(), false, move |turn| {
+        if turn == "root.0.0/0" {
+            if let Some(mut cmd) = pause.lock().unwrap().take() {
+                let out = cmd.output().expect("agents session pause");
+                assert!(out.status.success(), "{out:?}");
+            }
+        }
+    });
+    let tools = tool_server(effects.clone());
+    let file = s.write("tree.yaml", &manifests(model.port, tools.port));
+    let run = s.run(&["run", "-f", &file.display().to_string(), "-o", "json"]);
+    let out = run.ok();
+    assert_eq!(last_event(out)["event"], "paused", "{out}");
+    // The leaf's step under way runs to its end (its effect and its
+    // answer); no other session takes a step.
+    let asked = turns.lock().unwrap().clone();
+    let under_way = ["root/0", "root.0/0", "root.0.0/0", "root.0.0/1"];
+    assert!(
+        asked.keys().all(|t| under_way.contains(&t.as_str())),
+        "nothing else steps once the root is paused: {asked:?}"
+    );
+    assert!(asked.values().all(|n| *n == 1), "{asked:?}");
+
+    let resumed = s.run(&["session", "resume", "root", "-o", "json"]);
+    let out = resumed.ok();
+    assert_eq!(last_event(out)["event"], "finished", "{out}");
+    check_tree(&s, &effects);
+    let turns = turns.lock().unwrap().clone();
+    assert_eq!(turns.len(), 2 + 3 * 2 + 6 * 2, "{turns:?}");
+    assert!(turns.values().all(|n| *n == 1), "each turn once: {turns:?}");
+}
+
+/// A `timeoutSeconds` decorator on the `agent` tool bounds the in-process
+/// child: the third researcher's model does not answer in time, so its
+/// call ends with a timeout the model is told of, the child (still in its
+/// first turn) is stopped (`Failed`, saying why) and never asked again,
+/// and the root finishes with the other two researchers' answers.
+#[test]
+fn an_agent_tools_timeout_stops_the_in_process_child_and_tells_the_model() {
+    let (turns, effects) = (Counts::default(), Counts::default());
+    let model = model_with(turns.clone(), false, |turn| {
+        if turn == "root.2/0" {
+            std::thread::sleep(Duration::from_secs(10));
+        }
+    });
+    let tools = tool_server(effects.clone());
+    let s = Scratch::new("subagents-timeout");
+    let policy = "  policy:\n    rules:\n    - {tool: researcher, disposition: runSync, timeoutSeconds: 4}\n";
+    let file = s.write("tree.yaml", &manifests_with(model.port, tools.port, policy));
+    let run = s.run(&["run", "-f", &file.display().to_string(), "-o", "json"]);
+    let out = run.ok();
+    assert_eq!(last_event(out)["event"], "finished", "{out}");
+    let show = s
+        .run(&["session", "show", "root", "-o", "json"])
+        .ok()
+        .to_string();
+    let answer = serde_json::from_str::<Value>(&show).unwrap()["session"]["answer"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        answer.contains("timed out after 4s waiting for the sub-agent"),
+        "the model is told: {answer}"
+    );
+    assert!(answer.contains("leaf root.1.1"), "{answer}");
+    let all = tree(&s);
+    assert_eq!(all["root"].0, "Succeeded", "{all:#?}");
+    assert_eq!(all["root-t1-c2"].0, "Failed", "{all:#?}");
+    assert_eq!(
+        all.len(),
+        1 + 3 + 4,
+        "the stopped child made no leaves: {all:#?}"
+    );
+    let child = s
+        .run(&["session", "show", "root-t1-c2", "-o", "json"])
+        .ok()
+        .to_string();
+    let failure = serde_json::from_str::<Value>(&child).unwrap()["session"]["failure"].clone();
+    assert!(
+        failure.as_str().unwrap_or_default().contains("timed out"),
+        "the child says why it stopped: {child}"
+    );
+    let turns = turns.lock().unwrap().clone();
+    assert!(!turns.contains_key("root.2/1"), "{turns:?}");
+    assert!(turns.values().all(|n| *n == 1), "each turn once: {turns:?}");
 }
