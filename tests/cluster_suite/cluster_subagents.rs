@@ -195,9 +195,8 @@ fn traced_operator(
 /// The tree is one trace, each child's steps under a span of its parent.
 /// Without kills every child's steps are waited for; a kill loses what
 /// its exporter still queued, so then what arrived is checked. (The
-/// parent's span for the call is exported with the child's parent id when
-/// the parent's runner takes the answer; an answer taken from the call's
-/// Continuation is not, so that span is not asserted here.)
+/// parent's exact span for the call is asserted in cluster_tracing and
+/// engine::tests::subagents.)
 fn one_trace(collector: &support::otel::Collector, kills: usize) {
     let spans = if kills == 0 {
         collector.wait_for("every child's steps", |s| {

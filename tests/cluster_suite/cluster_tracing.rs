@@ -387,21 +387,21 @@ async fn a_tree_of_sessions_is_one_trace() {
     println!("the tree's trace:\n{}", tree(&spans));
     let call = tool_span(&spans, "researcher").unwrap();
     let child_steps = named(&spans, "invoke_agent researcher");
-    // The call's span has the id the child was given when the parent's
-    // runner took the answer (an answer read from the call's Continuation
-    // gives an `outside` span of its own id).
-    let by_runner = call.attr("agents.result.source") == Some("executed");
+    // The call's span has the id the child was given, whichever way the
+    // answer came back: the parent's runner, or the call's Continuation
+    // (engine::tests::subagents covers the Continuation's path on purpose).
+    println!(
+        "the answer came back: {:?}",
+        call.attr("agents.result.source")
+    );
     for step in &child_steps {
         assert_eq!(step.trace_id, call.trace_id, "one trace:\n{}", tree(&spans));
-        assert!(!step.parent.is_empty(), "under a span:\n{}", tree(&spans));
-        if by_runner {
-            assert_eq!(
-                step.parent,
-                call.span_id,
-                "under the call:\n{}",
-                tree(&spans)
-            );
-        }
+        assert_eq!(
+            step.parent,
+            call.span_id,
+            "under the call:\n{}",
+            tree(&spans)
+        );
     }
     let traces: std::collections::BTreeSet<&str> =
         spans.iter().map(|s| s.trace_id.as_str()).collect();

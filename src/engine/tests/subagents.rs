@@ -207,3 +207,63 @@ async fn a_childs_steps_go_under_its_parents_call_span() {
         assert_eq!(s.parent, Some(parent));
     }
 }
+
+/// The child's answer read from the call's Continuation (where a step
+/// wrote it after the runner brought it, the step then lost before its
+/// checkpoint, as a crash loses it) gets the same span: the parent's span
+/// for the call has the id its child was given, so the child's steps stay
+/// under it.
+#[tokio::test]
+async fn a_childs_answer_read_from_the_calls_continuation_has_the_span_its_child_was_given() {
+    let store = MemStore::with_session(&["hi"]);
+    let mut ask = calls(&["researcher"]);
+    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
+    let model = Script::new(vec![ask, text("done")]);
+    let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
+    let children = Children {
+        steps_running: AtomicUsize::new(usize::MAX),
+        ..Children::default()
+    };
+    let traces = Traces::default();
+    let mut p = ports(&store, &model, &tools, &clock);
+    p.runner = &children;
+    p.tracer = &traces;
+    let (rt, holder) = (with_researcher(runtime()), Holder::named("h"));
+    let first = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
+    assert!(matches!(first.outcome, StepOutcome::Waiting { .. }));
+    let given = children.traceparents.lock().unwrap()[0].clone();
+    let given = crate::ports::TraceContext::parse(&given.expect("a traceparent")).unwrap();
+
+    let token = store.state().pending()[0].token().unwrap().clone();
+    store
+        .complete(
+            &token,
+            &ToolResult::text("from the continuation"),
+            crate::core::acceptance::ENGINE_BY,
+            Millis(2_000),
+        )
+        .await
+        .unwrap();
+    clock.advance(5_000);
+    let outcome = run_to_end(&p, &rt, &clock, 4).await;
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        first_result(&store),
+        Some(ToolResult::text("from the continuation"))
+    );
+    let steps = traces.steps.lock().unwrap().clone();
+    let call_spans: Vec<_> = steps
+        .iter()
+        .flat_map(|s| &s.tools)
+        .filter(|t| t.tool == "researcher")
+        .collect();
+    assert_eq!(call_spans.len(), 1, "{call_spans:?}");
+    // Taken from the Continuation (the engine wrote it there), not run.
+    let replayed = crate::ports::trace::ResultSource::Replayed;
+    assert_eq!(call_spans[0].source, replayed, "the Continuation's path");
+    assert_eq!(call_spans[0].span_id, Some(given.span_id));
+    assert!(steps.iter().all(|s| s.context.trace_id == given.trace_id));
+}
