@@ -459,6 +459,28 @@ pub enum SessionCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Write a session as one JSON document (format
+    /// agents-exe.io/session-export, version 1) on stdout: its spec and
+    /// agent, the whole conversation, calls, results, usage, lineage and
+    /// open waits. Secrets appear by reference only.
+    Export {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Read a session export into a store (`--store sqlite:PATH` or
+    /// `--store kube -n NS`); its open calls wait there, under tokens
+    /// derived from its name.
+    Import {
+        /// The export file (`agents session export NAME > FILE`).
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// Import under this name instead of the exported one.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
 }
 
 /// Runs the command line; errors are printed by the caller.

@@ -20,6 +20,7 @@ mod standalone_crash;
 mod standalone_examples;
 mod standalone_hardening;
 mod standalone_mcp;
+mod standalone_moves;
 mod standalone_openai;
 mod standalone_outcome;
 mod standalone_policies;
