@@ -50,6 +50,7 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         | SessionCommand::Retry { session, .. }
         | SessionCommand::RunIsolated { session, .. }
         | SessionCommand::Export { session, .. } => check_name("session", session)?,
+        SessionCommand::Replay { .. } => {}
         SessionCommand::Import { name, .. } => {
             if let Some(name) = name {
                 check_name("session", name)?;
@@ -155,6 +156,22 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         }
         SessionCommand::Import { file, name, store } => {
             crate::standalone::import::import(&file, name.as_deref(), &sel(&store)).await
+        }
+        SessionCommand::Replay {
+            source,
+            agent,
+            strict,
+            run_unmatched,
+            store,
+            output: o,
+        } => {
+            let opts = crate::standalone::replay::ReplayOptions {
+                agent,
+                strict,
+                run_unmatched,
+                json: o == OutputFormat::Json,
+            };
+            crate::standalone::replay::replay(&source, &sel(&store), &opts).await
         }
     }
 }

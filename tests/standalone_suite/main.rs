@@ -24,5 +24,6 @@ mod standalone_moves;
 mod standalone_openai;
 mod standalone_outcome;
 mod standalone_policies;
+mod standalone_replay;
 mod standalone_subagents;
 mod standalone_tracing;
