@@ -246,3 +246,82 @@ spec:
     );
     ns.delete(&client).await;
 }
+
+/// Eight turns of 9 KB each (more than the status keeps: older turns go
+/// into blobs), then a deferred call, then the answer.
+fn long_session_yaml() -> String {
+    let text = "nine kilobytes of agent text, turn after turn; ".repeat(200)[..9000].to_string();
+    let long = (0..8).map(|i| {
+        format!("          - text: \"{i} {text}\"\n            toolCalls: [{{name: lookup, arguments: {{turn: {i}}}}}]\n")
+    });
+    format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Session
+metadata: {{name: long}}
+spec:
+  messages: ["Talk at length, then ask ops."]
+  agent:
+    model:
+      provider: scripted
+      scripted:
+        replies:
+{long}          - toolCalls: [{{name: send_email, arguments: {{to: ops@example.org}}}}]
+          - text: "Done after the move."
+    tools:
+      - {{name: lookup, description: Looks up., builtin: {{function: echo}}}}
+      - {{name: send_email, description: A person sends it., builtin: {{function: echo}}}}
+    policy:
+      default: runSync
+      rules:
+        - {{tool: send_*, disposition: defer, reason: a person sends emails}}
+"#,
+        long = long.collect::<String>()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_holds_the_turns_the_cluster_spilled() {
+    let Some((client, ns)) = support::cluster_namespace("moves-spilled").await else {
+        return;
+    };
+    let s = Scratch::new("moves-spilled");
+    let _operator = launcher::Operator::watching(BIN, &ns.name, "moves-spilled");
+    apply(&ns.name, &long_session_yaml());
+    wait_until(Duration::from_secs(90), "the deferred call", || async {
+        let out = kubectl(["get", "continuation", "long-t9-c0", "-n", &ns.name]);
+        out.status.success().then_some(())
+    })
+    .await;
+    let archived = kubectl_ok([
+        "get",
+        "session",
+        "long",
+        "-n",
+        &ns.name,
+        "-o",
+        "jsonpath={.status.archivedTurns[*].turns}",
+    ]);
+    assert!(!archived.trim().is_empty(), "no turn was archived");
+    let export = agents(&s, &kube(&["session", "export", "long"], &ns.name));
+    let v = exported(&export);
+    let texts: Vec<usize> = v["state"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "agent")
+        .map(|t| t["text"].as_str().unwrap_or_default().len())
+        .collect();
+    assert_eq!(texts.len(), 9, "every agent turn: {texts:?}");
+    assert!(texts[..8].iter().all(|n| *n == 9002), "{texts:?}");
+    s.write("long.json", export.ok());
+    agents(&s, &["session", "import", "-f", "long.json"]).ok();
+    agents(&s, &["session", "complete", "long-t9-c0", "--text", "sent"]).ok();
+    let resumed = agents(&s, &["session", "resume", "long"]);
+    assert!(
+        resumed.ok().contains("Done after the move."),
+        "{}",
+        resumed.stdout
+    );
+    ns.delete(&client).await;
+}
