@@ -493,6 +493,11 @@ pub enum SessionCommand {
         /// default: the recorded agent.
         #[arg(long)]
         agent: Option<PathBuf>,
+        /// The model to replay through instead of the agent's: a YAML file
+        /// holding an Agent's `model:` section (`provider: openai`,
+        /// `openai: {baseUrl, model, apiKeySecretRef}`, ...).
+        #[arg(long)]
+        model: Option<PathBuf>,
         /// Require the same arguments too, not only the same tools in the
         /// same order.
         #[arg(long)]

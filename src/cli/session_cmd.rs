@@ -160,6 +160,7 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         SessionCommand::Replay {
             source,
             agent,
+            model,
             strict,
             run_unmatched,
             store,
@@ -167,6 +168,7 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         } => {
             let opts = crate::standalone::replay::ReplayOptions {
                 agent,
+                model,
                 strict,
                 run_unmatched,
                 json: o == OutputFormat::Json,

@@ -211,3 +211,56 @@ fn traces_mark_replayed_results() {
     );
     assert_eq!(lookup.attr("agents.tool.runner"), None, "{lookup:?}");
 }
+
+/// `--model` puts another model in the recorded agent's place.
+#[test]
+fn another_model_in_the_agents_place() {
+    let s = Scratch::new("replay-model");
+    let server = tool_server();
+    record(&s, &server);
+    let model = |first: &str| {
+        format!(
+            r#"
+provider: scripted
+scripted:
+  replies:
+    - toolCalls:
+        - {{name: {first}, arguments: {{key: weather}}}}
+        - {{name: send_email, arguments: {{to: ops@example.org}}}}
+    - text: "Another model's answer."
+"#
+        )
+    };
+    s.write("same.yaml", &model("lookup"));
+    let same = s.run(&[
+        "session",
+        "replay",
+        "golden.json",
+        "--model",
+        "same.yaml",
+        "--strict",
+    ]);
+    assert_eq!(same.code, 0, "{same:?}");
+    assert!(
+        same.stdout.contains("Another model's answer."),
+        "{}",
+        same.stdout
+    );
+    s.write("other.yaml", &model("search"));
+    let other = s.run(&["session", "replay", "golden.json", "--model", "other.yaml"]);
+    assert_eq!(other.code, 4, "{other:?}");
+    assert!(
+        other.stdout.contains("turn 1: different"),
+        "{}",
+        other.stdout
+    );
+    s.write("typo.yaml", "provider: scripted\nscriptd: {replies: []}\n");
+    let typo = s.run(&["session", "replay", "golden.json", "--model", "typo.yaml"]);
+    assert_eq!(typo.code, 1, "{typo:?}");
+    assert!(
+        typo.stderr.contains("unknown field model.scriptd"),
+        "{}",
+        typo.stderr
+    );
+    assert_eq!(server.requests().len(), 1, "a tool ran during a replay");
+}

@@ -39,6 +39,9 @@ pub struct ReplayOptions {
     /// The agent to replay through (YAML as `agents run` takes it);
     /// default: the recorded one.
     pub agent: Option<PathBuf>,
+    /// The model to replay through, in the agent's place (an Agent's
+    /// `model:` section as YAML).
+    pub model: Option<PathBuf>,
     pub strict: bool,
     pub run_unmatched: bool,
     pub json: bool,
@@ -51,10 +54,13 @@ pub async fn replay(
 ) -> anyhow::Result<ExitCode> {
     let recorded = load_source(source, sel).await?;
     let id = SessionId(recorded.source.name.clone());
-    let def = match &opts.agent {
+    let mut def = match &opts.agent {
         Some(file) => definition::load_file(file)?,
         None => recorded.definition.clone(),
     };
+    if let Some(file) = &opts.model {
+        def.agent.model = definition::load_model_file(file)?;
+    }
     let agent = def
         .build(now(), &EnvSecrets)
         .map_err(|e| anyhow!("the replay's agent: {e}"))?;
