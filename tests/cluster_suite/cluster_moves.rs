@@ -75,6 +75,27 @@ fn wait_succeeded(ns: &str, name: &str) {
     );
 }
 
+/// Waits until session `name` is checkpointed `Waiting` with its call's
+/// Continuation `token` made (the Continuation is made first).
+async fn waiting_on(ns: &str, name: &str, token: &str) {
+    wait_until(Duration::from_secs(90), "the waiting session", || async {
+        let made = kubectl(["get", "continuation", token, "-n", ns])
+            .status
+            .success();
+        let phase = kubectl_ok([
+            "get",
+            "session",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        (made && phase == "Waiting").then_some(())
+    })
+    .await;
+}
+
 fn exported(run: &Run) -> serde_json::Value {
     serde_json::from_str(run.ok()).unwrap()
 }
@@ -138,11 +159,7 @@ async fn waiting_in_the_cluster_imported_into_sqlite_is_resumed_there() {
     let s = Scratch::new("moves-down");
     let operator = launcher::Operator::watching(BIN, &ns.name, "moves-down");
     apply(&ns.name, SESSION);
-    wait_until(Duration::from_secs(60), "the deferred call", || async {
-        let out = kubectl(["get", "continuation", "mover-t1-c1", "-n", &ns.name]);
-        out.status.success().then_some(())
-    })
-    .await;
+    waiting_on(&ns.name, "mover", "mover-t1-c1").await;
     drop(operator);
     let version = || {
         kubectl_ok([
@@ -288,11 +305,7 @@ async fn an_export_holds_the_turns_the_cluster_spilled() {
     let s = Scratch::new("moves-spilled");
     let _operator = launcher::Operator::watching(BIN, &ns.name, "moves-spilled");
     apply(&ns.name, &long_session_yaml());
-    wait_until(Duration::from_secs(90), "the deferred call", || async {
-        let out = kubectl(["get", "continuation", "long-t9-c0", "-n", &ns.name]);
-        out.status.success().then_some(())
-    })
-    .await;
+    waiting_on(&ns.name, "long", "long-t9-c0").await;
     let archived = kubectl_ok([
         "get",
         "session",
