@@ -29,7 +29,7 @@ pub struct RecordedCall {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Served {
-    /// The recorded result (index into the recording).
+    /// The recorded result of a matching call.
     Recorded,
     /// No recorded call matched; it was not run.
     Unmatched,
