@@ -459,6 +459,58 @@ pub enum SessionCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Write a session as one JSON document (format
+    /// agents-exe.io/session-export, version 1) on stdout: its spec and
+    /// agent, the whole conversation, calls, results, usage, lineage and
+    /// open waits. Secrets appear by reference only.
+    Export {
+        session: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Read a session export into a store (`--store sqlite:PATH` or
+    /// `--store kube -n NS`); its open calls wait there, under tokens
+    /// derived from its name.
+    Import {
+        /// The export file (`agents session export NAME > FILE`).
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// Import under this name instead of the exported one.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Run a recorded session again (an export file, or a session of
+    /// --store) through an agent, standalone: its user messages go to the
+    /// model; a tool call matching a recorded one (same tool and
+    /// arguments, in order) gets the recorded result and runs nothing.
+    /// Exit 0 when every turn matches, 4 when not.
+    Replay {
+        /// An export file, or a session name in --store.
+        source: String,
+        /// The agent to replay through (YAML as `agents run` takes it);
+        /// default: the recorded agent.
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// The model to replay through instead of the agent's: a YAML file
+        /// holding an Agent's `model:` section (`provider: openai`,
+        /// `openai: {baseUrl, model, apiKeySecretRef}`, ...).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Require the same arguments too, not only the same tools in the
+        /// same order.
+        #[arg(long)]
+        strict: bool,
+        /// Run calls that have no recorded result (default: they get an
+        /// error result and nothing runs).
+        #[arg(long)]
+        run_unmatched: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
 }
 
 /// Runs the command line; errors are printed by the caller.

@@ -48,7 +48,14 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         | SessionCommand::Pause { session, .. }
         | SessionCommand::Resume { session, .. }
         | SessionCommand::Retry { session, .. }
-        | SessionCommand::RunIsolated { session, .. } => check_name("session", session)?,
+        | SessionCommand::RunIsolated { session, .. }
+        | SessionCommand::Export { session, .. } => check_name("session", session)?,
+        SessionCommand::Replay { .. } => {}
+        SessionCommand::Import { name, .. } => {
+            if let Some(name) = name {
+                check_name("session", name)?;
+            }
+        }
         SessionCommand::Complete { token, by, .. }
         | SessionCommand::Answer { token, by, .. }
         | SessionCommand::Approve { token, by, .. }
@@ -143,6 +150,30 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
                 Output::default(),
             )
             .await
+        }
+        SessionCommand::Export { session, store } => {
+            crate::standalone::export::export(&session, &sel(&store)).await
+        }
+        SessionCommand::Import { file, name, store } => {
+            crate::standalone::import::import(&file, name.as_deref(), &sel(&store)).await
+        }
+        SessionCommand::Replay {
+            source,
+            agent,
+            model,
+            strict,
+            run_unmatched,
+            store,
+            output: o,
+        } => {
+            let opts = crate::standalone::replay::ReplayOptions {
+                agent,
+                model,
+                strict,
+                run_unmatched,
+                json: o == OutputFormat::Json,
+            };
+            crate::standalone::replay::replay(&source, &sel(&store), &opts).await
         }
     }
 }

@@ -277,10 +277,10 @@ pub(super) async fn run_tool(
         failed = result.is_error(),
         "tool ran"
     );
-    let by = if from_cache {
-        Provenance::Cache
-    } else {
-        Provenance::RunSync
+    let by = match p.tools.served_by(&tool_call) {
+        _ if from_cache => Provenance::Cache,
+        Some(label) => Provenance::Runner(label),
+        None => Provenance::RunSync,
     };
     p.observer
         .observe(&Progress::tool_result(sid, &call, &tool_call, &result, by));

@@ -17,7 +17,7 @@ use crate::core::envelope::idempotency_key;
 use crate::core::session::Outlook;
 use crate::core::{Millis, Scope, SessionId, TokenUsage, ToolResult};
 use crate::ports::trace::{ChatSpan, DeferredCall, ResultSource, StepTrace, ToolSpan};
-use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort};
+use crate::ports::{Clock, ModelIdentity, SessionRecord, TraceContext, TracePort, REPLAY_RUNS};
 use std::sync::Mutex;
 
 /// What a step reported so far.
@@ -285,6 +285,7 @@ impl Observer for StepRecorder<'_> {
 /// itself before a crash (`agents`) are replays, the cache's are cache hits.
 fn source_of(by: &Provenance) -> ResultSource {
     match by {
+        Provenance::Runner(label) if *label == REPLAY_RUNS => ResultSource::Replayed,
         Provenance::RunSync | Provenance::Runner(_) => ResultSource::Executed {
             runner: by.label().to_string(),
         },
@@ -335,6 +336,7 @@ mod tests {
     fn results_the_engine_or_the_cache_wrote_are_not_runs() {
         let cases = [
             (Provenance::RunSync, "executed"),
+            (Provenance::Runner(REPLAY_RUNS), "replayed"),
             (Provenance::Runner("job"), "executed"),
             (Provenance::Cache, "cache"),
             (Provenance::Outside(ENGINE_BY.into()), "replayed"),

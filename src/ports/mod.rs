@@ -172,6 +172,13 @@ pub trait ToolPort: Send + Sync {
         })
     }
 
+    /// Who served `call`'s latest result when it was not run but had
+    /// otherwise ([`REPLAY_RUNS`]: a replay's recording); `None`: it ran.
+    fn served_by(&self, call: &ToolCall) -> Option<&'static str> {
+        let _ = call;
+        None
+    }
+
     /// The task is no longer wanted (`tasks/cancel`); best effort.
     fn cancel_task<'a>(&'a self, call: &'a ToolCall, task: &'a TaskHandle) -> BoxFuture<'a, ()> {
         let _ = (call, task);
@@ -265,6 +272,10 @@ pub trait RunnerPort: Send + Sync {
 
 /// The label of results a child Session gave (every runner uses it).
 pub const SUB_AGENT_RUNS: &str = "subAgent";
+
+/// The label of results a replay served from its recording instead of
+/// running the tool (`agents session replay`): traces mark them `replayed`.
+pub const REPLAY_RUNS: &str = "replay";
 
 /// Time. Tests use a manual clock and sleep no real time.
 pub trait Clock: Send + Sync {

@@ -234,6 +234,24 @@ fn top_level_fields(doc: &Value) -> Result<(), String> {
 }
 
 /// Deserialises, reporting the first unknown field by its path.
+/// Reads a file holding an Agent's `model:` section alone (`provider`,
+/// and its settings), as strictly as a whole Agent is read: what
+/// `agents session replay --model` puts in the recorded agent's place.
+pub fn load_model_file(path: &Path) -> Result<crate::api::agent::ModelSpec, DefinitionError> {
+    let shown = path.display().to_string();
+    let semantic = |why: String| DefinitionError::Semantic {
+        path: shown.clone(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
+        path: shown.clone(),
+        why: e.to_string(),
+    })?;
+    super::yaml_depth::check(&text).map_err(|e| semantic(e.to_string()))?;
+    let value: Value = serde_norway::from_str(&text).map_err(|e| semantic(e.to_string()))?;
+    strict(value, "model").map_err(semantic)
+}
+
 fn strict<T: serde::de::DeserializeOwned>(value: Value, root: &str) -> Result<T, String> {
     let mut unknown = Vec::new();
     let parsed: Result<T, _> = serde_ignored::deserialize(value, |p| unknown.push(field_path(&p)));

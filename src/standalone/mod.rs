@@ -11,6 +11,8 @@
 //! | [`out`] | stdout that a closed pipe never stops |
 //! | [`patience`] | a person's write from the CLI tried again while the cluster is away for a moment |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
+//! | [`export`], [`import`] | a session carried between stores: the versioned export format, and its import into either store |
+//! | [`replay`] | a recorded session run again through an agent, tools served their recorded results |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
@@ -18,9 +20,12 @@ pub mod children;
 pub mod commands;
 pub mod definition;
 pub mod driver;
+pub mod export;
+pub mod import;
 pub mod out;
 pub mod patience;
 pub mod progress;
+pub mod replay;
 pub mod yaml_depth;
 
 pub use driver::{drive, DriveOptions, Outcome};

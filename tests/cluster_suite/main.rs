@@ -19,6 +19,7 @@ mod cluster_jobs;
 mod cluster_lease;
 mod cluster_long;
 mod cluster_mcp;
+mod cluster_moves;
 mod cluster_notify;
 mod cluster_operator;
 mod cluster_outcome;
