@@ -49,6 +49,12 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         | SessionCommand::Resume { session, .. }
         | SessionCommand::Retry { session, .. }
         | SessionCommand::RunIsolated { session, .. } => check_name("session", session)?,
+        SessionCommand::Fork { source, name, .. } => {
+            check_name("session", source)?;
+            if let Some(name) = name {
+                check_name("fork name", name)?;
+            }
+        }
         SessionCommand::Complete { token, by, .. }
         | SessionCommand::Answer { token, by, .. }
         | SessionCommand::Approve { token, by, .. }
@@ -82,6 +88,22 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             output: o,
         } => super::tree_cmd::run(&session, &store.store, store.namespace.as_deref(), o).await,
         SessionCommand::Pause { session, store } => commands::pause(&session, &sel(&store)).await,
+        SessionCommand::Fork {
+            source,
+            at_turn,
+            name,
+            message,
+            store,
+            output: o,
+        } => {
+            let args = crate::standalone::fork::ForkArgs {
+                source: &source,
+                turn: at_turn,
+                name: name.as_deref(),
+                message: message.as_deref(),
+            };
+            crate::standalone::fork::fork(args, &sel(&store), output(o)).await
+        }
         SessionCommand::Resume {
             session,
             store,

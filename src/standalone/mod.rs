@@ -11,6 +11,7 @@
 //! | [`out`] | stdout that a closed pipe never stops |
 //! | [`patience`] | a person's write from the CLI tried again while the cluster is away for a moment |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
+//! | [`fork`] | `agents session fork`: a new session from a prefix of another's, checked before anything is written |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
@@ -18,6 +19,7 @@ pub mod children;
 pub mod commands;
 pub mod definition;
 pub mod driver;
+pub mod fork;
 pub mod out;
 pub mod patience;
 pub mod progress;
