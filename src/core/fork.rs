@@ -34,7 +34,7 @@ pub struct ForkedFrom {
 pub enum ForkError {
     #[error(
         "session {session} has no agent turn {turn}: it has {turns} (turns are numbered from 1); \
-         `agents session show {session}` lists them, give --at-turn between 1 and {turns}"
+         `agents session show {session}` lists them; give a turn between 1 and {turns}"
     )]
     NoSuchTurn {
         session: SessionId,

@@ -383,9 +383,8 @@ async fn the_fork_outlives_its_source(ns: &str, fork_uid: &str) {
         !owned.is_empty() && owned.split(' ').all(|u| u == fork_uid),
         "{owned:?}"
     );
-    kubectl_ok(["delete", "session", "src", "-n", ns, "--wait=true"]);
-    for _ in 0..60 {
-        let left = kubectl_ok([
+    let source_blobs = || {
+        let names = [
             "get",
             "configmaps",
             "-n",
@@ -394,12 +393,20 @@ async fn the_fork_outlives_its_source(ns: &str, fork_uid: &str) {
             "agents-exe.io/session=src",
             "-o",
             "name",
-        ]);
-        if left.trim().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        ];
+        kubectl_ok(names)
+    };
+    assert!(
+        !source_blobs().trim().is_empty(),
+        "the source spilled its big result too"
+    );
+    kubectl_ok(["delete", "session", "src", "-n", ns, "--wait=true"]);
+    wait_until(
+        Duration::from_secs(60),
+        "the source's blobs collected",
+        || async { source_blobs().trim().is_empty().then_some(()) },
+    )
+    .await;
     let shown = agents_ok(ns, &["session", "show", "f", "-o", "json"]);
     let v: Value = serde_json::from_str(&shown).unwrap();
     let results = &v["session"]["turns"][2]["toolResults"];

@@ -63,3 +63,37 @@ pub fn fork_spec(source: &SessionSpec, from: ForkFrom, messages: Vec<String>) ->
         fork_from: Some(from),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forks_spec_keeps_the_agent_and_limits_and_drops_what_was_the_sources_own() {
+        let mut source: SessionSpec = serde_json::from_value(json!({
+            "agentRef": {"name": "a"},
+            "messages": ["old"],
+            "paused": true,
+            "retry": 2,
+            "limits": {"maxTurns": 4},
+            "ttlSecondsAfterFinished": 60,
+        }))
+        .unwrap();
+        source.parent =
+            serde_json::from_value(json!({"name": "p", "uid": "u", "callId": "t1-c0", "depth": 1}))
+                .unwrap();
+        let from = ForkFrom {
+            session: "src".into(),
+            turn: 2,
+        };
+        let spec = fork_spec(&source, from.clone(), vec!["new".into()]);
+        assert_eq!(spec.agent_ref, source.agent_ref);
+        assert_eq!(
+            (spec.limits, spec.ttl_seconds_after_finished),
+            (source.limits, Some(60))
+        );
+        assert_eq!(spec.messages, ["new"]);
+        assert_eq!((spec.paused, spec.retry, spec.parent), (false, None, None));
+        assert_eq!(spec.fork_from, Some(from));
+    }
+}
