@@ -273,6 +273,11 @@ mod tests {
         let mut state = waiting_state();
         state.answer = Some("done".into());
         state.failure = Some("not really".into());
+        state.forked_from = Some(crate::core::fork::ForkedFrom {
+            session: "source".into(),
+            uid: "u-1".into(),
+            turn: 1,
+        });
         state
     }
 
