@@ -42,6 +42,12 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
 fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
     match cmd {
         SessionCommand::List { .. } => {}
+        SessionCommand::Fork { source, name, .. } => {
+            check_name("session", source)?;
+            if let Some(name) = name {
+                check_name("fork name", name)?;
+            }
+        }
         SessionCommand::Show { session, .. }
         | SessionCommand::Pending { session, .. }
         | SessionCommand::Tree { session, .. }
@@ -49,12 +55,6 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         | SessionCommand::Resume { session, .. }
         | SessionCommand::Retry { session, .. }
         | SessionCommand::RunIsolated { session, .. } => check_name("session", session)?,
-        SessionCommand::Fork { source, name, .. } => {
-            check_name("session", source)?;
-            if let Some(name) = name {
-                check_name("fork name", name)?;
-            }
-        }
         SessionCommand::Complete { token, by, .. }
         | SessionCommand::Answer { token, by, .. }
         | SessionCommand::Approve { token, by, .. }
