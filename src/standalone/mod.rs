@@ -6,20 +6,20 @@
 //! | [`definition`] | YAML (`Session` + `Agent`) to an agent definition, with strict field checks; secrets from the environment |
 //! | [`yaml_depth`] | the nesting bound a definition file is checked against before it is parsed |
 //! | [`children`] | sub-agent calls as child sessions in the same store, driven in the same process; the tree's waits and shape |
+//! | [`fork`] | `agents session fork`: a new session from a prefix of another's, checked before anything is written |
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
 //! | [`out`] | stdout that a closed pipe never stops |
 //! | [`patience`] | a person's write from the CLI tried again while the cluster is away for a moment |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
-//! | [`fork`] | `agents session fork`: a new session from a prefix of another's, checked before anything is written |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
 pub mod children;
+pub mod fork;
 pub mod commands;
 pub mod definition;
 pub mod driver;
-pub mod fork;
 pub mod out;
 pub mod patience;
 pub mod progress;
