@@ -16,10 +16,10 @@
 
 pub mod any_store;
 pub mod children;
-pub mod fork;
 pub mod commands;
 pub mod definition;
 pub mod driver;
+pub mod fork;
 pub mod out;
 pub mod patience;
 pub mod progress;
