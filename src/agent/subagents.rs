@@ -122,6 +122,7 @@ pub fn child_spec(plan: &ChildPlan, parent_uid: &str, paused: bool) -> SessionSp
         retry: None,
         ttl_seconds_after_finished: None,
         parent: Some(parent_ref(plan, parent_uid)),
+        fork_from: None,
     }
 }
 

@@ -11,6 +11,9 @@ use super::stored::stored_state_schema;
 use crate::core::TokenUsage;
 use std::collections::BTreeMap;
 
+/// The label a forked session carries: the name of the one it forked from.
+pub const FORK_LABEL: &str = "agents-exe.io/fork-from";
+
 /// A label value holds at most 63 characters.
 pub const SESSION_NAME_FITS: &str = "self.metadata.name.size() <= 63";
 
@@ -79,6 +82,27 @@ pub struct SessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.parent never changes"))]
     pub parent: Option<ParentRef>,
+    /// Start as a fork of another Session of this namespace: its
+    /// conversation up to and including agent turn `turn`, with that turn's
+    /// recorded results, which are history and never run again. Calls after
+    /// the fork point run anew under this session's own idempotency keys.
+    /// `spec.messages` holds only the messages after the fork point. The
+    /// source is only read. It never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.forkFrom never changes"))]
+    pub fork_from: Option<ForkFrom>,
+}
+
+/// The session and turn a fork starts from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkFrom {
+    /// The source Session's name (same namespace).
+    #[schemars(length(min = 1, max = 63))]
+    pub session: String,
+    /// The source's agent turn the fork starts after (1 is the first).
+    #[schemars(range(min = 1))]
+    pub turn: u32,
 }
 
 /// The session and call a child Session was made for.
@@ -122,6 +146,7 @@ impl SessionSpec {
             retry: None,
             ttl_seconds_after_finished: None,
             parent: None,
+            fork_from: None,
         }
     }
 }
@@ -239,6 +264,11 @@ pub struct SessionStatus {
     /// Why the session failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The session this one was forked from (`spec.forkFrom`, or `agents
+    /// session fork`): its name, its UID when the fork was made, and the
+    /// turn. Set once, when the fork's history is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::core::fork::ForkedFrom>,
     /// The `spec.retry` value last acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries_taken: u32,

@@ -15,8 +15,9 @@ use serde_json::{json, Map, Value};
 
 /// The state's fields stored beside `status.state` instead of in it (the
 /// id is the object's name).
-const LIFTED: [&str; 6] = [
+const LIFTED: [&str; 7] = [
     "id",
+    "forkedFrom",
     "agentTurns",
     "usage",
     "answer",
@@ -44,6 +45,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         answer: state.answer.clone(),
         failure: state.failure.clone(),
         retries_taken: state.retries_taken,
+        forked_from: state.forked_from.clone(),
         state: Some(doc),
         ..SessionStatus::default()
     }
@@ -76,6 +78,7 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
         "answer": status.answer,
         "failure": status.failure,
         "retriesTaken": status.retries_taken,
+        "forkedFrom": status.forked_from,
     });
     for (key, value) in lifted.as_object().into_iter().flatten() {
         fields.insert(key.clone(), value.clone());
@@ -270,6 +273,11 @@ mod tests {
         let mut state = waiting_state();
         state.answer = Some("done".into());
         state.failure = Some("not really".into());
+        state.forked_from = Some(crate::core::fork::ForkedFrom {
+            session: "source".into(),
+            uid: "u-1".into(),
+            turn: 1,
+        });
         state
     }
 

@@ -347,6 +347,29 @@ pub enum SessionCommand {
         #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Fork a session: a new session starts with SRC's conversation up to
+    /// and including agent turn N and that turn's recorded results (never
+    /// run again), then takes --message and goes on under its own keys.
+    /// Calls still open at turn N start afresh in the fork. SRC is only
+    /// read, in any phase. Standalone the fork is driven at once; in a
+    /// cluster it is a Session with spec.forkFrom that the operator drives.
+    Fork {
+        /// The session to fork.
+        source: String,
+        /// The agent turn the fork starts after (1 is the first).
+        #[arg(long = "at-turn")]
+        at_turn: u32,
+        /// The fork's name (default: SRC-fork-tN).
+        #[arg(long)]
+        name: Option<String>,
+        /// The fork's next user message.
+        #[arg(long)]
+        message: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
     /// Retry a session that failed (for example because its model kept
     /// failing): it runs again from its last checkpoint.
     Retry {

@@ -42,6 +42,12 @@ pub fn run(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
 fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
     match cmd {
         SessionCommand::List { .. } => {}
+        SessionCommand::Fork { source, name, .. } => {
+            check_name("session", source)?;
+            if let Some(name) = name {
+                check_name("fork name", name)?;
+            }
+        }
         SessionCommand::Show { session, .. }
         | SessionCommand::Pending { session, .. }
         | SessionCommand::Tree { session, .. }
@@ -89,6 +95,22 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             output: o,
         } => super::tree_cmd::run(&session, &store.store, store.namespace.as_deref(), o).await,
         SessionCommand::Pause { session, store } => commands::pause(&session, &sel(&store)).await,
+        SessionCommand::Fork {
+            source,
+            at_turn,
+            name,
+            message,
+            store,
+            output: o,
+        } => {
+            let args = crate::standalone::fork::ForkArgs {
+                source: &source,
+                turn: at_turn,
+                name: name.as_deref(),
+                message: message.as_deref(),
+            };
+            crate::standalone::fork::fork(args, &sel(&store), output(o)).await
+        }
         SessionCommand::Resume {
             session,
             store,

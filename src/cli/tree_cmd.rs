@@ -1,7 +1,8 @@
 //! `agents session tree NAME`: a session and its sub-agent descendants
 //! (the cluster's Sessions linked by `spec.parent`), with each one's
-//! phase, the call that made it, its depth and its token usage. On the
-//! embedded store, the sessions `agents run` made under it.
+//! phase, the call that made it, its depth and its token usage, and its
+//! forks (`spec.forkFrom`), marked as such. On the embedded store, the
+//! sessions `agents run` made under it and its forks.
 
 use super::OutputFormat;
 use crate::api::Session;
@@ -11,15 +12,30 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
-/// One session of the tree, its children after it.
+/// Lineage deeper than this is not followed (a hand-written `forkFrom`
+/// could name a session that names it back).
+const MAX_LINEAGE_DEPTH: usize = 64;
+
+/// One session of the tree, its children and forks after it.
 fn node(s: &Session, all: &[Session]) -> Value {
+    node_at(s, all, 0)
+}
+
+fn node_at(s: &Session, all: &[Session], depth: usize) -> Value {
     let status = s.status.as_ref();
-    let children: Vec<Value> = all
-        .iter()
-        .filter(|c| is_child_of(c, s))
-        .map(|c| node(c, all))
-        .collect();
+    let below = |related: fn(&Session, &Session) -> bool| -> Vec<Value> {
+        if depth >= MAX_LINEAGE_DEPTH {
+            return Vec::new();
+        }
+        all.iter()
+            .filter(|c| related(c, s))
+            .map(|c| node_at(c, all, depth + 1))
+            .collect()
+    };
+    let (children, forks) = (below(is_child_of), below(is_fork_of));
     json!({
+        "forkedAtTurn": s.spec.fork_from.as_ref().map(|f| f.turn),
+        "forks": forks,
         "name": s.name_any(),
         "agent": s.spec.agent_ref.as_ref().map(|a| a.name.clone()),
         "phase": status.map(|st| format!("{:?}", st.phase)).unwrap_or_else(|| "Pending".into()),
@@ -39,8 +55,12 @@ pub fn render(tree: &Value, indent: usize, out: &mut String) {
         .as_str()
         .map(|c| format!(" call {c}"))
         .unwrap_or_default();
+    let (fork, at) = match tree["forkedAtTurn"].as_u64() {
+        Some(turn) => ("fork ", format!(" forked at turn {turn}")),
+        None => ("", String::new()),
+    };
     out.push_str(&format!(
-        "{}{} [{}] agent {} depth {}{call} tokens {tokens}\n",
+        "{}{fork}{} [{}] agent {} depth {}{call}{at} tokens {tokens}\n",
         "  ".repeat(indent),
         tree["name"].as_str().unwrap_or("?"),
         tree["phase"].as_str().unwrap_or("?"),
@@ -50,6 +70,26 @@ pub fn render(tree: &Value, indent: usize, out: &mut String) {
     for c in tree["children"].as_array().into_iter().flatten() {
         render(c, indent + 1, out);
     }
+    for f in tree["forks"].as_array().into_iter().flatten() {
+        render(f, indent + 1, out);
+    }
+}
+
+/// Whether `fork` was forked from `source`: named by its `spec.forkFrom`,
+/// and, once its history is written, by the source's UID too (a source
+/// deleted and re-created is another session).
+fn is_fork_of(fork: &Session, source: &Session) -> bool {
+    let Some(from) = &fork.spec.fork_from else {
+        return false;
+    };
+    let uid = fork
+        .status
+        .as_ref()
+        .and_then(|st| st.forked_from.as_ref())
+        .map(|f| f.uid.clone());
+    from.session == source.name_any()
+        && fork.name_any() != source.name_any()
+        && uid.is_none_or(|u| Some(u) == source.uid())
 }
 
 /// Whether `child` was made by `parent` (named by it, with its UID).
@@ -196,5 +236,50 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("not found"));
+    }
+
+    fn fork(name: &str, uid: &str, source: &str, seeded_from_uid: Option<&str>) -> Session {
+        let mut s = session(name, uid, None);
+        s.spec.fork_from = Some(crate::api::session::ForkFrom {
+            session: source.into(),
+            turn: 1,
+        });
+        if let Some(source_uid) = seeded_from_uid {
+            let forked_from = crate::core::fork::ForkedFrom {
+                session: source.into(),
+                uid: source_uid.into(),
+                turn: 1,
+            };
+            s.status = Some(crate::api::session::SessionStatus {
+                forked_from: Some(forked_from),
+                ..Default::default()
+            });
+        }
+        s
+    }
+
+    #[test]
+    fn a_tree_shows_forks_marked_as_forks_by_the_sources_uid() {
+        let all = vec![
+            session("root", "u0", None),
+            session("root-t1-c0", "u1", Some(("root", "u0", 1))),
+            fork("f1", "u2", "root", Some("u0")),
+            // Not written yet: known by the source's name.
+            fork("f2", "u3", "root", None),
+            // Forked from an earlier session of that name: not ours.
+            fork("stale", "u4", "root", Some("old")),
+            fork("f1-again", "u5", "f1", Some("u2")),
+        ];
+        let t = tree("root", &all).unwrap();
+        let mut text = String::new();
+        render(&t, 0, &mut text);
+        assert_eq!(
+            text,
+            "root [Pending] agent a depth 0 tokens 0\n  root-t1-c0 [Pending] agent a depth 1 call t1-c0 tokens 0\n  fork f1 [Pending] agent a depth 0 forked at turn 1 tokens 0\n    fork f1-again [Pending] agent a depth 0 forked at turn 1 tokens 0\n  fork f2 [Pending] agent a depth 0 forked at turn 1 tokens 0\n"
+        );
+        assert_eq!(t["forks"][0]["forkedAtTurn"], 1);
+        // A session naming itself is not its own fork.
+        let own = vec![fork("me", "u9", "me", None)];
+        assert_eq!(tree("me", &own).unwrap()["forks"], json!([]));
     }
 }

@@ -13,6 +13,7 @@
 //! | [`acceptance`] | what a continuation accepts from outside: a result, a decision (written once) |
 //! | [`cache`] | cache keys over canonical arguments |
 //! | [`budget`] | what a model turn costs; limits on tokens, cost and tool calls |
+//! | [`fork`] | a fork's state: a prefix of another session's conversation, open calls made new |
 //! | [`envelope`] | the versioned call and result envelopes every runner speaks |
 //!
 //! # How a driver uses it
@@ -29,6 +30,7 @@ pub mod call;
 pub mod conditions;
 pub mod conversation;
 pub mod envelope;
+pub mod fork;
 pub mod ids;
 pub mod policy;
 pub mod session;

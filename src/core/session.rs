@@ -291,6 +291,10 @@ pub struct SessionState {
     /// The limit that holds the session (`onExceed: pause`) until raised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_stop: Option<BudgetStop>,
+    /// The session and turn this one was forked from; its history up to
+    /// there is the source's, recorded, never run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<super::fork::ForkedFrom>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -325,6 +329,7 @@ impl SessionState {
             failed_steps: 0,
             tool_calls: 0,
             budget_stop: None,
+            forked_from: None,
         }
     }
 

@@ -31,6 +31,7 @@ pub mod children;
 pub mod event_sink;
 pub mod events;
 mod failure;
+mod fork;
 mod health;
 pub mod notify;
 mod reconcile;

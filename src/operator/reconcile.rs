@@ -2,6 +2,7 @@
 //!
 //! 1. [`Resolved`]: the agent dereferenced and validated ([`super::resolve`]),
 //!    or why it is not ready (its `Ready=False` condition and a recheck);
+//!    a fork's history is written first, once ([`super::fork`]);
 //! 2. [`Stepped`]: one engine step over the [`KubeStore`], with the status
 //!    applied once: the store writes the report's conditions with each status
 //!    write of the step, and settles them once more only when they changed;
@@ -61,6 +62,12 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
     };
+    if let Some(from) = &session.spec.fork_from {
+        let id = SessionId(name.clone());
+        if let Some(not_ready) = super::fork::seed(&store, &id, from).await? {
+            return report_not_ready(&ctx, &session, store, not_ready).await;
+        }
+    }
     match Stepped::step(&ctx, &session, &ns, store, resolved).await? {
         Some(stepped) => Ok(stepped.report(&ctx, &session, &ns, ttl).await),
         None => Ok(Action::await_change()),

@@ -111,6 +111,17 @@ pub trait AdminPort: StorePorts {
         })
     }
 
+    /// Creates `fork`, whose state is already a prefix of `source`'s
+    /// (`state.forkedFrom` set; see `core::fork`). Standalone it is stored
+    /// with that history; in a cluster it becomes a Session with
+    /// `spec.forkFrom`, whose history the operator writes. `SessionExists`
+    /// when the name is taken. The source is only read.
+    fn create_fork<'a>(
+        &'a self,
+        source: &'a SessionRecord,
+        fork: SessionRecord,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
     /// `root` and every session under it, the root first, then by depth;
     /// empty when the store keeps no trees (or has no such session).
     fn tree<'a>(&'a self, root: &'a SessionId) -> BoxFuture<'a, StoreResult<Vec<TreeMember>>> {

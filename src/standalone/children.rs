@@ -402,6 +402,16 @@ fn node(m: &crate::ports::TreeMember, all: &[crate::ports::TreeMember]) -> Value
         .filter(|c| c.link.as_ref().is_some_and(|l| l.parent == *id))
         .map(|c| node(c, all))
         .collect();
+    let forked_from = m.record.state.forked_from.as_ref();
+    let forks: Vec<Value> = all
+        .iter()
+        .filter(|c| c.record.state.id != *id)
+        .filter(|c| {
+            let from = c.record.state.forked_from.as_ref();
+            from.is_some_and(|f| f.session == id.0 && f.uid == m.record.uid)
+        })
+        .map(|c| node(c, all))
+        .collect();
     let agent: Option<String> = m
         .record
         .definition
@@ -416,6 +426,8 @@ fn node(m: &crate::ports::TreeMember, all: &[crate::ports::TreeMember]) -> Value
         "depth": m.link.as_ref().map_or(0, |l| l.depth),
         "usage": m.record.state.usage,
         "children": children,
+        "forkedAtTurn": forked_from.map(|f| f.turn),
+        "forks": forks,
     })
 }
 

@@ -82,7 +82,7 @@ pub async fn open(sel: &StoreSel) -> anyhow::Result<AnyStore> {
 }
 
 /// `--store` (and `-n`) as typed again in hints; empty for the default.
-fn store_flag(sel: &StoreSel) -> String {
+pub(super) fn store_flag(sel: &StoreSel) -> String {
     let mut flag = if sel.url == "sqlite:./agents.db" {
         String::new()
     } else {
@@ -96,7 +96,7 @@ fn store_flag(sel: &StoreSel) -> String {
 
 /// `agents run` and `resume` leave isolated calls to a worker
 /// (`agents session run-isolated`).
-fn options(sel: &StoreSel) -> DriveOptions {
+pub(super) fn options(sel: &StoreSel) -> DriveOptions {
     DriveOptions {
         roles: Some(Roles {
             model: true,
@@ -110,7 +110,7 @@ fn options(sel: &StoreSel) -> DriveOptions {
     }
 }
 
-fn exit_for(outcome: &Outcome) -> ExitCode {
+pub(super) fn exit_for(outcome: &Outcome) -> ExitCode {
     match outcome {
         Outcome::Failed { .. } => ExitCode::FAILURE,
         _ => ExitCode::SUCCESS,

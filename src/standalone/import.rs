@@ -85,9 +85,11 @@ fn retarget(mut export: SessionExport, id: &SessionId) -> anyhow::Result<Moved> 
     }
     export.definition.session = id.0.clone();
     export.definition.spec.messages = export.input.messages.clone();
-    // A session moved alone is a root where it lands; the export keeps
-    // where it came from (`lineage`).
+    // A session moved alone is a root where it lands, and its history is in
+    // its state already (a fork's `forkedFrom` included): the operator must
+    // not fork it again. The export keeps where it came from (`lineage`).
     export.definition.spec.parent = None;
+    export.definition.spec.fork_from = None;
     Ok(Moved {
         id: id.clone(),
         export,

@@ -6,6 +6,7 @@
 //! | [`definition`] | YAML (`Session` + `Agent`) to an agent definition, with strict field checks; secrets from the environment |
 //! | [`yaml_depth`] | the nesting bound a definition file is checked against before it is parsed |
 //! | [`children`] | sub-agent calls as child sessions in the same store, driven in the same process; the tree's waits and shape |
+//! | [`fork`] | `agents session fork`: a new session from a prefix of another's, checked before anything is written |
 //! | [`driver`] | the loop around the core: actions performed, events fed back, checkpoints |
 //! | [`progress`] | the engine's events rendered for a terminal (text or JSON lines) |
 //! | [`out`] | stdout that a closed pipe never stops |
@@ -21,6 +22,7 @@ pub mod commands;
 pub mod definition;
 pub mod driver;
 pub mod export;
+pub mod fork;
 pub mod import;
 pub mod out;
 pub mod patience;

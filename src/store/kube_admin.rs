@@ -122,6 +122,13 @@ impl AdminPort for KubeStore {
             Ok((record, AgentSource::Cluster { spec, agents }))
         })
     }
+    fn create_fork<'a>(
+        &'a self,
+        source: &'a SessionRecord,
+        fork: SessionRecord,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move { self.create_fork_session(source, &fork).await })
+    }
 }
 
 /// The merge patch of the spec fields `change` touches, or `None` when it

@@ -157,6 +157,13 @@ impl AdminPort for SqliteStore {
     ) -> BoxFuture<'a, StoreResult<Version>> {
         Box::pin(self.create_child_session(record, link))
     }
+    fn create_fork<'a>(
+        &'a self,
+        _source: &'a SessionRecord,
+        fork: SessionRecord,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move { self.create_session(fork).await.map(|_| ()) })
+    }
     fn tree<'a>(&'a self, root: &'a SessionId) -> BoxFuture<'a, StoreResult<Vec<TreeMember>>> {
         Box::pin(self.tree_members(root))
     }

@@ -14,6 +14,7 @@ mod cluster_approvals;
 mod cluster_budgets;
 mod cluster_crds;
 mod cluster_fairness;
+mod cluster_fork;
 mod cluster_isolated;
 mod cluster_jobs;
 mod cluster_lease;

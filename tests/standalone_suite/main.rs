@@ -18,6 +18,7 @@ mod standalone_cli;
 mod standalone_container;
 mod standalone_crash;
 mod standalone_examples;
+mod standalone_fork;
 mod standalone_hardening;
 mod standalone_mcp;
 mod standalone_moves;

@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 /// The label a child session carries: its parent's name.
 pub const PARENT_LABEL: &str = "agents-exe.io/parent";
 /// The label a forked session carries: the name of the one it forked from.
-pub const FORK_LABEL: &str = "agents-exe.io/fork-from";
+pub const FORK_LABEL: &str = crate::api::session::FORK_LABEL;
 /// The most objects of each kind the page lists.
 const MAX_LISTED: u32 = 200;
 /// The most turns the timeline shows (the most recent).

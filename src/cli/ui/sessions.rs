@@ -267,6 +267,7 @@ mod tests {
                 retry: None,
                 ttl_seconds_after_finished: None,
                 parent: None,
+                fork_from: None,
             },
         );
         s.status = Some(SessionStatus {

@@ -1,6 +1,6 @@
 //! Sub-agent trees in the embedded store: a child is created with its
 //! link (parent, call, depth, root) in columns, and a tree is read by one
-//! recursive query over `parent`.
+//! recursive query over `parent` (and a fork's `state.forkedFrom`).
 
 use super::{from_json, SqliteStore};
 use crate::core::SessionId;
@@ -19,15 +19,18 @@ impl SqliteStore {
         self.create_linked(record, Some(link))
     }
 
-    /// `root` and every session under it: the root first, then by depth
-    /// and creation. Empty when there is no session `root`.
+    /// `root` and every session under it (its children, and its forks,
+    /// which carry no link): the root first, then by depth and creation.
+    /// Empty when there is no session `root`.
     pub async fn tree_members(&self, root: &SessionId) -> StoreResult<Vec<TreeMember>> {
         let rows: Vec<TreeRow> = self.with(|c| {
             let mut stmt = c.prepare(
                 "WITH RECURSIVE tree(id) AS (
                     SELECT id FROM sessions WHERE id = ?1
-                    UNION ALL
-                    SELECT s.id FROM sessions s JOIN tree ON s.parent = tree.id
+                    UNION
+                    SELECT s.id FROM sessions s JOIN tree
+                      ON s.parent = tree.id
+                      OR json_extract(s.record, '$.state.forkedFrom.session') = tree.id
                  )
                  SELECT s.record, s.parent, s.parent_call, s.depth, s.root
                  FROM sessions s JOIN tree ON s.id = tree.id
