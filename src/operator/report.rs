@@ -136,6 +136,7 @@ fn deferred_as(waiting_for: WaitingFor) -> &'static str {
         WaitingFor::McpTask => "mcpTask",
         WaitingFor::SubAgent => "subAgent",
         WaitingFor::Outcome => "outcome",
+        WaitingFor::Budget => "budget",
     }
 }
 

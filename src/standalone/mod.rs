@@ -11,9 +11,11 @@
 //! | [`out`] | stdout that a closed pipe never stops |
 //! | [`patience`] | a person's write from the CLI tried again while the cluster is away for a moment |
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
+//! | [`budget_ask`] | what an approval of a session's question about its budget must carry (`--raise`) |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
+pub mod budget_ask;
 pub mod children;
 pub mod commands;
 pub mod definition;
