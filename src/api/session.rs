@@ -107,6 +107,10 @@ pub struct ParentRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub traceparent: Option<String>,
+    /// What the parent had left of its limits when it made this child:
+    /// this session's limits are at most these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::core::budget::BudgetLeft>,
 }
 
 impl SessionSpec {

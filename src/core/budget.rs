@@ -228,7 +228,81 @@ impl Raise {
     }
 }
 
+/// What a session has left of its limits when it makes a child session
+/// (a sub-agent): the child spends at most this.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetLeft {
+    /// Tokens left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Cost left, in micro-units of `currency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
+    /// The parent's pricing currency (a cost bound holds only for a child
+    /// priced in the same one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// Tool runs left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u32>,
+    /// What the child does at the bound: `ask` where the parent asks,
+    /// else `fail` (its parent's call gets the error).
+    #[serde(default)]
+    pub on_exceed: OnExceed,
+}
+
+fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl Budget {
+    /// What is left of these limits after `spend`; `None` without limits.
+    pub fn left(&self, spend: &Spend) -> Option<BudgetLeft> {
+        if self.is_unlimited() {
+            return None;
+        }
+        Some(BudgetLeft {
+            tokens: self.tokens.map(|t| t.saturating_sub(spend.usage.total())),
+            cost_micros: self
+                .cost_micros
+                .map(|c| c.saturating_sub(spend.usage.cost_micros)),
+            currency: self.currency.clone(),
+            tool_calls: self.tool_calls.map(|c| c.saturating_sub(spend.tool_calls)),
+            on_exceed: match self.on_exceed {
+                OnExceed::Ask => OnExceed::Ask,
+                _ => OnExceed::Fail,
+            },
+        })
+    }
+
+    /// These limits, each at most what the parent had `left` (a cost
+    /// bound only where the child is priced in the parent's currency); a
+    /// child with no limits of its own does at the bound what `left` says.
+    pub fn bounded_by(&self, left: &BudgetLeft, currency: Option<&str>) -> Budget {
+        let same_currency = currency.is_some() && left.currency.as_deref() == currency;
+        let tool_calls = lower(
+            self.tool_calls.map(u64::from),
+            left.tool_calls.map(u64::from),
+        );
+        Budget {
+            tokens: lower(self.tokens, left.tokens),
+            cost_micros: match same_currency {
+                true => lower(self.cost_micros, left.cost_micros),
+                false => self.cost_micros,
+            },
+            tool_calls: tool_calls.map(|c| c as u32),
+            on_exceed: match self.is_unlimited() {
+                true => left.on_exceed,
+                false => self.on_exceed,
+            },
+            currency: self.currency.clone().or(currency.map(str::to_string)),
+        }
+    }
+
     /// The limits with what people raised applied: each the higher bound
     /// (a raise of a limit the session does not have is no limit).
     pub fn raised(&self, raise: &Raise) -> Budget {

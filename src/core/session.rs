@@ -1596,7 +1596,8 @@ impl Session {
         if starts && self.actions.back() != Some(&Action::Checkpoint) {
             self.push(Action::Checkpoint);
         }
-        for a in planned {
+        for mut a in planned {
+            self.bound_child(&mut a);
             self.push(a);
         }
     }

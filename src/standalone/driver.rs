@@ -119,6 +119,13 @@ impl RunnerPort for LocalRunner<'_> {
         }
     }
 
+    fn child_usage<'a>(
+        &'a self,
+        child: &'a crate::core::session::subagent::ChildPlan,
+    ) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        self.children.usage(child)
+    }
+
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",

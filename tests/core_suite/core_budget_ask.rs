@@ -258,3 +258,83 @@ fn a_tool_call_limit_asks_before_the_run_past_it() {
     decide(&mut s, &token, true, raise);
     assert_eq!(tool_runs(&drain(&mut s)), vec![CallId::new(1, 1)]);
 }
+
+/// Trees: a sub-agent call's child is started with what the parent has
+/// left of its limits, and the child's usage, taken with its answer,
+/// counts against the parent's own limits.
+#[test]
+fn a_child_is_bounded_by_what_its_parent_has_left_and_its_usage_counts_up() {
+    let mut tools = BTreeMap::new();
+    let helper = ToolInfo {
+        sub_agent: Some("helper".into()),
+        ..ToolInfo::default()
+    };
+    tools.insert("helper".to_string(), helper);
+    let config = SessionConfig {
+        tools,
+        budget: Budget {
+            tokens: Some(1000),
+            tool_calls: Some(5),
+            on_exceed: OnExceed::Ask,
+            ..Budget::default()
+        },
+        ..SessionConfig::default()
+    };
+    let mut s = started(config);
+    let turn = AgentTurn {
+        text: None,
+        tool_calls: vec![ToolCall {
+            model_call_id: "m-0".into(),
+            name: "helper".into(),
+            arguments: r#"{"prompt":"dig"}"#.into(),
+        }],
+        usage: TokenUsage {
+            prompt_tokens: 700,
+            ..TokenUsage::default()
+        },
+        asked_at: None,
+        replied_at: None,
+    };
+    s.handle(Event::ModelReplied { turn }, T0).unwrap();
+    let actions = drain(&mut s);
+    let (child, envelope) = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::StartSubAgent {
+                child, envelope, ..
+            } => Some((child, envelope)),
+            _ => None,
+        })
+        .expect("the child starts");
+    let left = child.budget.clone().expect("bounded");
+    assert_eq!((left.tokens, left.tool_calls), (Some(300), Some(4)));
+    assert_eq!(left.on_exceed, OnExceed::Ask);
+    // The child spent 400: the parent is at 1100 of 1000, and asks
+    // before its next model call.
+    let answer = Event::AttemptFinished {
+        token: envelope.token.clone(),
+        attempt: 1,
+        result: ToolResult::text("found it"),
+    };
+    let usage = TokenUsage {
+        prompt_tokens: 400,
+        ..TokenUsage::default()
+    };
+    s.handle(
+        Event::ChildAnswered {
+            answer: Box::new(answer),
+            usage,
+        },
+        T0,
+    )
+    .unwrap();
+    let actions = drain(&mut s);
+    assert_eq!(s.state().usage.total(), 1100);
+    assert!(!calls_model(&actions));
+    let spec = question(&actions).expect("the parent asks");
+    assert!(spec
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("spent 1100 of 1000"));
+}

@@ -44,6 +44,19 @@ impl Session {
         self.config.budget.raised(&self.state.budget_raise)
     }
 
+    /// What is left of the limits in force: a child started now spends
+    /// at most this.
+    pub(super) fn budget_left(&self) -> Option<crate::core::budget::BudgetLeft> {
+        self.budget().left(&self.spend())
+    }
+
+    /// A child about to be started is bounded by what is left.
+    pub(super) fn bound_child(&self, action: &mut Action) {
+        if let Action::StartSubAgent { child, .. } = action {
+            child.budget = self.budget_left();
+        }
+    }
+
     /// Applies the outcome of a budget check; true when the work may start.
     /// A stop fails the session, holds it (`budget_stop`, stored at once)
     /// or asks a person (`budget_ask`); a check that passes with
