@@ -44,6 +44,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
         pending_count: state.pending().len() as u32,
         agent_turns: state.agent_turns,
         usage: state.usage,
+        tokens: state.usage.total(),
         answer: state.answer.clone(),
         failure: state.failure.clone(),
         retries_taken: state.retries_taken,

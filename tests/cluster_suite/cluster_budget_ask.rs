@@ -144,11 +144,11 @@ async fn ask_is_approved_with_a_raise_from_the_cli_and_the_page_and_a_denial_fai
     let Some((client, ns)) = support::cluster_namespace("budget-ask").await else {
         return;
     };
-    let (model, _calls) = model();
+    let (model, calls) = model();
     for name in ["bycli", "bypage", "denied"] {
         apply(&ns.name, &session_yaml(name, &model));
     }
-    let _operator = support::launcher::Operator::watching(BIN, &ns.name, "budget-ask");
+    let operator = support::launcher::Operator::watching(BIN, &ns.name, "budget-ask");
 
     let token = asks(&ns.name, "bycli").await;
     let (ok, said) = cli(&ns.name, &["approve", &token]);
@@ -185,7 +185,40 @@ async fn ask_is_approved_with_a_raise_from_the_cli_and_the_page_and_a_denial_fai
         failure.contains("denied going past the limit: over the team's budget"),
         "{failure}"
     );
+    check_views(&operator, &ns.name, calls.load(Ordering::SeqCst));
     ns.delete(&client).await;
+}
+
+/// `kubectl get sessions` shows each session's tokens; the operator's
+/// token counter for the namespace holds every model turn's 700.
+fn check_views(operator: &support::launcher::Operator, ns: &str, model_calls: usize) {
+    let table = kubectl_ok(["get", "sessions", "-n", ns]);
+    let header = table.lines().next().unwrap_or_default();
+    assert!(header.contains("TOKENS"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("bycli "))
+        .unwrap_or_default();
+    assert!(
+        row.split_whitespace().any(|c| c == "2100"),
+        "3 turns of 700: {table}"
+    );
+    let (_, metrics) = operator.probe("/metrics");
+    let counted = |name: &str| -> u64 {
+        let head = format!("{name}{{");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&head) && l.contains(&format!("namespace=\"{ns}\"")))
+            .filter(|l| l.contains("model=\"test\"") && l.contains("agent=\"(inline)\""))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    };
+    let tokens = counted("agents_model_tokens_total");
+    assert_eq!(tokens, 700 * model_calls as u64, "{metrics}");
+    assert!(
+        metrics.contains("agents_model_cost_micros_total"),
+        "{metrics}"
+    );
 }
 
 /// `agents ui`: the question's page has the raise form; a raise that
