@@ -81,6 +81,14 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
+/// Who spent: the session's namespace, its agent and the model.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpendLabels {
+    namespace: String,
+    agent: String,
+    model: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
@@ -94,6 +102,8 @@ pub struct Metrics {
     reconcile_errors: Family<KindLabel, Counter>,
     tool_calls: Family<ToolLabels, Counter>,
     model_calls: Family<OutcomeLabel, Counter>,
+    tokens: Family<SpendLabels, Counter>,
+    cost_micros: Family<SpendLabels, Counter>,
     wake_latency: Histogram,
     reconcile_duration: Histogram,
     sessions: Family<PhaseLabel, Gauge>,
@@ -148,6 +158,18 @@ impl Metrics {
             "Model requests, by outcome (ok or error)",
             model_calls.clone(),
         );
+        let tokens = Family::<SpendLabels, Counter>::default();
+        registry.register(
+            "model_tokens",
+            "Prompt and completion tokens the model reported, by namespace, agent and model",
+            tokens.clone(),
+        );
+        let cost_micros = Family::<SpendLabels, Counter>::default();
+        registry.register(
+            "model_cost_micros",
+            "What the model turns cost under their agent's spec.model.pricing, in millionths of its currency, by namespace, agent and model",
+            cost_micros.clone(),
+        );
         // 5 ms .. about 41 s: a watch-driven wake is milliseconds, a wake
         // that waited for a requeue or a busy operator is seconds.
         let wake_latency = Histogram::new(exponential_buckets(0.005, 2.0, 14));
@@ -194,6 +216,8 @@ impl Metrics {
             reconcile_errors,
             tool_calls,
             model_calls,
+            tokens,
+            cost_micros,
             wake_latency,
             reconcile_duration,
             sessions,
@@ -236,6 +260,25 @@ impl Metrics {
         self.model_calls
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
+    }
+
+    /// What one model turn of a session in `namespace` spent.
+    pub fn spent(
+        &self,
+        namespace: &str,
+        agent: &str,
+        model: &str,
+        usage: &crate::core::TokenUsage,
+    ) {
+        let labels = SpendLabels {
+            namespace: namespace.into(),
+            agent: agent.into(),
+            model: model.into(),
+        };
+        self.tokens.get_or_create(&labels).inc_by(usage.total());
+        self.cost_micros
+            .get_or_create(&labels)
+            .inc_by(usage.cost_micros);
     }
 
     /// Time from a call's result being written to its session's next step.

@@ -85,11 +85,16 @@ pub fn lineage(agent: &AgentSpec, parent: Option<&ParentRef>, cap: u32) -> Linea
     }
 }
 
-/// Applies the lineage, and the parent's deadline where it comes first.
+/// Applies the lineage, the parent's deadline where it comes first, and
+/// what the parent had left of its limits where that is less.
 pub fn apply(config: &mut SessionConfig, agent: &AgentSpec, parent: Option<&ParentRef>, cap: u32) {
     config.lineage = lineage(agent, parent, cap);
     if let Some(d) = parent.and_then(|p| p.deadline_ms).map(Millis) {
         config.limits.deadline = Some(config.limits.deadline.map_or(d, |own| own.min(d)));
+    }
+    if let Some(left) = parent.and_then(|p| p.budget.as_ref()) {
+        let currency = config.pricing.as_ref().map(|p| p.currency.as_str());
+        config.budget = config.budget.bounded_by(left, currency);
     }
 }
 
@@ -104,6 +109,7 @@ pub fn parent_ref(plan: &ChildPlan, parent_uid: &str) -> ParentRef {
         stack: plan.stack.clone(),
         deadline_ms: plan.deadline.map(|d| d.0),
         traceparent: plan.traceparent.clone(),
+        budget: plan.budget.clone(),
     }
 }
 
@@ -171,6 +177,7 @@ mod tests {
             stack: Vec::new(),
             deadline_ms: Some(5_000),
             traceparent: None,
+            budget: None,
         };
         let l = lineage(&agent, Some(&parent), 6);
         assert_eq!((l.depth, l.max_depth, l.max_children), (1, 6, 8));
@@ -182,5 +189,52 @@ mod tests {
             Some(Millis(5_000)),
             "the parent's comes first"
         );
+    }
+
+    #[test]
+    fn a_child_spends_at_most_what_its_parent_had_left() {
+        use crate::core::budget::{Budget, BudgetLeft, OnExceed};
+        let agent: AgentSpec = serde_norway::from_str("model: {provider: scripted}\n").unwrap();
+        let left = BudgetLeft {
+            tokens: Some(300),
+            cost_micros: Some(5),
+            currency: Some("USD".into()),
+            tool_calls: Some(2),
+            on_exceed: OnExceed::Ask,
+        };
+        let parent = ParentRef {
+            name: "root".into(),
+            uid: "u".into(),
+            call_id: "t1-c0".into(),
+            depth: 1,
+            stack: Vec::new(),
+            deadline_ms: None,
+            traceparent: None,
+            budget: Some(left),
+        };
+        // No limits of its own, no prices: tokens and tool calls bound it,
+        // and it asks as its parent does; cost it cannot count.
+        let mut config = SessionConfig::default();
+        apply(&mut config, &agent, Some(&parent), 6);
+        assert_eq!(
+            (
+                config.budget.tokens,
+                config.budget.cost_micros,
+                config.budget.tool_calls
+            ),
+            (Some(300), None, Some(2))
+        );
+        assert_eq!(config.budget.on_exceed, OnExceed::Ask);
+        // Its own lower limit stays, and its own onExceed.
+        let mut config = SessionConfig {
+            budget: Budget {
+                tokens: Some(100),
+                ..Budget::default()
+            },
+            ..SessionConfig::default()
+        };
+        apply(&mut config, &agent, Some(&parent), 6);
+        assert_eq!(config.budget.tokens, Some(100));
+        assert_eq!(config.budget.on_exceed, OnExceed::Fail);
     }
 }

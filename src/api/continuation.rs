@@ -274,4 +274,8 @@ pub struct DecisionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub arguments: Option<String>,
+    /// With an approval of a session's question about its budget
+    /// (`waitingFor: budget`): the limits raised, each the new bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raise: Option<crate::core::budget::Raise>,
 }

@@ -35,6 +35,8 @@ pub const SESSION_NAME_FITS: &str = "self.metadata.name.size() <= 63";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the session is"}"#,
     printcolumn = r#"{"name":"Turns","type":"integer","jsonPath":".status.agentTurns","description":"Model turns taken"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingCount","description":"Calls waiting on the outside"}"#,
+    printcolumn = r#"{"name":"Tokens","type":"integer","jsonPath":".status.tokens","description":"Prompt and completion tokens spent (sub-agents included)"}"#,
+    printcolumn = r#"{"name":"Token-Limit","type":"integer","jsonPath":".spec.limits.tokens","priority":1,"description":"spec.limits.tokens"}"#,
     printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.conditions[?(@.type==\"Waiting\")].reason","description":"What the session waits for"}"#,
     printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent.name","description":"The session whose sub-agent call made this one"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -131,6 +133,10 @@ pub struct ParentRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub traceparent: Option<String>,
+    /// What the parent had left of its limits when it made this child:
+    /// this session's limits are at most these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::core::budget::BudgetLeft>,
 }
 
 impl SessionSpec {
@@ -258,6 +264,10 @@ pub struct SessionStatus {
     /// Token usage summed over the session.
     #[serde(default)]
     pub usage: TokenUsage,
+    /// Prompt and completion tokens summed over the session, its ended
+    /// sub-agents' included: what `spec.limits.tokens` is compared with.
+    #[serde(default)]
+    pub tokens: u64,
     /// The final answer, once the session succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,

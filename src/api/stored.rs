@@ -36,12 +36,16 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
     }
     SessionStatus {
         phase: session_phase(state),
-        waiting_for: (state.phase == Phase::Waiting)
-            .then(|| most_needed_wait(state))
-            .flatten(),
+        waiting_for: match &state.budget_ask {
+            Some(_) => Some(crate::core::WaitingFor::Budget),
+            None => (state.phase == Phase::Waiting)
+                .then(|| most_needed_wait(state))
+                .flatten(),
+        },
         pending_count: state.pending().len() as u32,
         agent_turns: state.agent_turns,
         usage: state.usage,
+        tokens: state.usage.total(),
         answer: state.answer.clone(),
         failure: state.failure.clone(),
         retries_taken: state.retries_taken,
@@ -57,6 +61,7 @@ pub fn session_phase(state: &SessionState) -> SessionPhase {
         Phase::Succeeded => SessionPhase::Succeeded,
         Phase::Failed => SessionPhase::Failed,
         _ if state.paused || state.budget_stop.is_some() => SessionPhase::Paused,
+        _ if state.budget_ask.is_some() => SessionPhase::Waiting,
         Phase::Idle => SessionPhase::Pending,
         Phase::AwaitingModel => SessionPhase::AwaitingModel,
         Phase::RunningTools => SessionPhase::Running,

@@ -441,12 +441,19 @@ pub enum SessionCommand {
         store: StoreArgs,
     },
     /// Approve a call that waits for approval; it then runs per its policy.
+    /// A session's question about its budget (`waitingFor: budget`) is
+    /// approved with a raise: `--raise tokens=200000`.
     Approve {
         token: String,
         /// Run the call with these arguments (a JSON object) instead of
         /// the model's, where its policy has `approval.allowEdit`.
         #[arg(long)]
         args_file: Option<std::path::PathBuf>,
+        /// A new bound for a limit the session reached (`onExceed: ask`):
+        /// `tokens=N`, `cost=D` (in the pricing currency) or
+        /// `toolCalls=N`; repeat for several.
+        #[arg(long, value_name = "LIMIT=VALUE")]
+        raise: Vec<String>,
         /// Who decides (standalone: default $USER); in a cluster, your
         /// user name as the API server knows it, which is the default.
         #[arg(long)]

@@ -143,11 +143,14 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
         SessionCommand::Approve {
             token,
             args_file,
+            raise,
             by,
             store,
         } => {
             let arguments = args_file.map(|path| read_file(&path)).transpose()?;
-            commands::decide(&token, true, None, by.as_deref(), arguments, &sel(&store)).await
+            let raise = parse_raise(&raise)?;
+            let how = (arguments, raise);
+            commands::decide(&token, true, None, by.as_deref(), how, &sel(&store)).await
         }
         SessionCommand::RunAgain { token, by, store } => {
             commands::run_again(&token, by.as_deref(), &sel(&store)).await
@@ -157,7 +160,10 @@ async fn dispatch(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             reason,
             by,
             store,
-        } => commands::decide(&token, false, reason, by.as_deref(), None, &sel(&store)).await,
+        } => {
+            let how = (None, None);
+            commands::decide(&token, false, reason, by.as_deref(), how, &sel(&store)).await
+        }
         SessionCommand::RunIsolated {
             session,
             timeout_seconds,
@@ -227,6 +233,15 @@ fn result_text(
         (None, Some(t)) => Ok(t),
         (None, None) => anyhow::bail!("give the result with --text or --result-file"),
     }
+}
+
+/// `--raise tokens=N --raise cost=D` as one raise; `None` without any.
+fn parse_raise(given: &[String]) -> anyhow::Result<Option<crate::core::budget::Raise>> {
+    let mut raise = crate::core::budget::Raise::default();
+    for text in given {
+        raise.parse_into(text).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    Ok((!given.is_empty()).then_some(raise))
 }
 
 fn read_file(path: &std::path::Path) -> anyhow::Result<String> {

@@ -97,6 +97,10 @@ pub enum OnExceed {
     /// The session holds (a `BudgetExceeded` condition says why) until
     /// the limit is raised.
     Pause,
+    /// A person is asked (a Continuation `waitingFor: budget`): they
+    /// approve with a raised limit, and the session goes on, or deny, and
+    /// it fails.
+    Ask,
 }
 
 impl OnExceed {
@@ -104,6 +108,7 @@ impl OnExceed {
         match self {
             OnExceed::Fail => "fail",
             OnExceed::Pause => "pause",
+            OnExceed::Ask => "ask",
         }
     }
 }
@@ -157,7 +162,162 @@ pub struct BudgetStop {
     pub message: String,
 }
 
+/// Limits a person raised when asked (`onExceed: ask`): each is the new
+/// bound, kept with the session so that the same limit asks again only
+/// once the new bound is reached. A limit in `spec.limits` above it wins.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Raise {
+    /// The new token limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// The new cost limit, in micro-units of the pricing currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
+    /// The new tool-call limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u32>,
+}
+
+impl Raise {
+    pub fn is_empty(&self) -> bool {
+        *self == Raise::default()
+    }
+
+    /// Both raises, each limit the higher of the two.
+    pub fn merged(self, other: Raise) -> Raise {
+        Raise {
+            tokens: self.tokens.max(other.tokens),
+            cost_micros: self.cost_micros.max(other.cost_micros),
+            tool_calls: self.tool_calls.max(other.tool_calls),
+        }
+    }
+
+    /// `tokens=N`, `cost=D` (a decimal in the pricing currency) or
+    /// `toolCalls=N`, added to this raise.
+    pub fn parse_into(&mut self, text: &str) -> Result<(), String> {
+        let bad = || {
+            format!("--raise {text:?}: give LIMIT=VALUE, where LIMIT is tokens, cost or toolCalls (e.g. tokens=200000, cost=0.5, toolCalls=60)")
+        };
+        let (limit, value) = text.split_once('=').ok_or_else(bad)?;
+        let value = value.trim();
+        match limit.trim() {
+            "tokens" => self.tokens = Some(value.parse().map_err(|_| bad())?),
+            "cost" => {
+                let units: f64 = value.parse().map_err(|_| bad())?;
+                self.cost_micros = Some(units_to_micros(units).ok_or_else(bad)?);
+            }
+            "toolCalls" | "tool-calls" => self.tool_calls = Some(value.parse().map_err(|_| bad())?),
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    /// The raise in words: `tokens to 2000, cost to 0.5`.
+    pub fn text(&self) -> String {
+        let mut parts = Vec::new();
+        parts.extend(self.tokens.map(|t| format!("tokens to {t}")));
+        parts.extend(
+            self.cost_micros
+                .map(|c| format!("cost to {}", show_micros(c))),
+        );
+        parts.extend(self.tool_calls.map(|c| format!("toolCalls to {c}")));
+        parts.join(", ")
+    }
+}
+
+/// What a session has left of its limits when it makes a child session
+/// (a sub-agent): the child spends at most this.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetLeft {
+    /// Tokens left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Cost left, in micro-units of `currency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
+    /// The parent's pricing currency (a cost bound holds only for a child
+    /// priced in the same one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// Tool runs left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u32>,
+    /// What the child does at the bound: `ask` where the parent asks,
+    /// else `fail` (its parent's call gets the error).
+    #[serde(default)]
+    pub on_exceed: OnExceed,
+}
+
+fn lower(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl Budget {
+    /// What is left of these limits after `spend`; `None` without limits.
+    pub fn left(&self, spend: &Spend) -> Option<BudgetLeft> {
+        if self.is_unlimited() {
+            return None;
+        }
+        Some(BudgetLeft {
+            tokens: self.tokens.map(|t| t.saturating_sub(spend.usage.total())),
+            cost_micros: self
+                .cost_micros
+                .map(|c| c.saturating_sub(spend.usage.cost_micros)),
+            currency: self.currency.clone(),
+            tool_calls: self.tool_calls.map(|c| c.saturating_sub(spend.tool_calls)),
+            on_exceed: match self.on_exceed {
+                OnExceed::Ask => OnExceed::Ask,
+                _ => OnExceed::Fail,
+            },
+        })
+    }
+
+    /// These limits, each at most what the parent had `left` (a cost
+    /// bound only where the child is priced in the parent's currency); a
+    /// child with no limits of its own does at the bound what `left` says.
+    pub fn bounded_by(&self, left: &BudgetLeft, currency: Option<&str>) -> Budget {
+        let same_currency = currency.is_some() && left.currency.as_deref() == currency;
+        let tool_calls = lower(
+            self.tool_calls.map(u64::from),
+            left.tool_calls.map(u64::from),
+        );
+        Budget {
+            tokens: lower(self.tokens, left.tokens),
+            cost_micros: match same_currency {
+                true => lower(self.cost_micros, left.cost_micros),
+                false => self.cost_micros,
+            },
+            tool_calls: tool_calls.map(|c| c as u32),
+            on_exceed: match self.is_unlimited() {
+                true => left.on_exceed,
+                false => self.on_exceed,
+            },
+            currency: self.currency.clone().or(currency.map(str::to_string)),
+        }
+    }
+
+    /// The limits with what people raised applied: each the higher bound
+    /// (a raise of a limit the session does not have is no limit).
+    pub fn raised(&self, raise: &Raise) -> Budget {
+        Budget {
+            tokens: self.tokens.map(|t| t.max(raise.tokens.unwrap_or(0))),
+            cost_micros: self
+                .cost_micros
+                .map(|c| c.max(raise.cost_micros.unwrap_or(0))),
+            tool_calls: self
+                .tool_calls
+                .map(|c| c.max(raise.tool_calls.unwrap_or(0))),
+            ..self.clone()
+        }
+    }
+
     pub fn is_unlimited(&self) -> bool {
         self.tokens.is_none() && self.cost_micros.is_none() && self.tool_calls.is_none()
     }
@@ -210,8 +370,14 @@ impl Budget {
                 "toolCalls",
             ),
         };
+        let how = match self.on_exceed {
+            OnExceed::Ask => format!(
+                "approve with a raise (agents session approve TOKEN --raise {field}=N) to go on"
+            ),
+            _ => format!("raise spec.limits.{field} to go on"),
+        };
         format!(
-            "the session reached its {what} limit: spent {used} of {allowed} (onExceed: {}); raise spec.limits.{field} to go on",
+            "the session reached its {what} limit: spent {used} of {allowed} (onExceed: {}); {how}",
             self.on_exceed.name()
         )
     }

@@ -106,6 +106,9 @@ pub enum WaitingFor {
     /// (`onUnknownOutcome: ask`). They give the real result, or say "run
     /// it again".
     Outcome,
+    /// A person: the session reached a limit (`onExceed: ask`); they
+    /// approve with a raised limit, or deny. The session waits, not a call.
+    Budget,
 }
 
 /// A task an MCP server made of a `tools/call`: its id, and how often the
@@ -245,6 +248,8 @@ impl Wait {
             WaitingFor::Isolated => Wait::Isolated(Attempt::Unclaimed),
             WaitingFor::McpTask => Wait::McpTask { asks: None },
             WaitingFor::SubAgent => Wait::SubAgent(Attempt::Unclaimed),
+            // The session waits for a budget decision, never a call.
+            WaitingFor::Budget => Wait::External,
             // Made only by `TrackedToolCall::lose_outcome`, which has the claim.
             WaitingFor::Outcome => Wait::Outcome {
                 lost: Claim {

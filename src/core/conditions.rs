@@ -90,7 +90,14 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
         Phase::Failed => Condition::new("Failed", True, "Failed", failure()),
         _ => Condition::new("Failed", False, "NotFailed", ""),
     };
-    let waiting = if state.phase == Phase::Waiting {
+    let waiting = if let Some(ask) = &state.budget_ask {
+        Condition::new(
+            "Waiting",
+            True,
+            "AwaitingBudget",
+            format!("{} asks a person: {}", ask.token, ask.stop.message),
+        )
+    } else if state.phase == Phase::Waiting {
         waiting(state)
     } else {
         Condition::new("Waiting", False, "NotWaiting", "")
@@ -151,6 +158,7 @@ fn waiting(state: &SessionState) -> Condition {
                 Some(WaitingFor::McpTask) => "MCP task",
                 Some(WaitingFor::SubAgent) => "sub-agent",
                 Some(WaitingFor::Outcome) => "a person to tell an unknown outcome",
+                Some(WaitingFor::Budget) => "a person to raise a limit",
                 None => "?",
             };
             c.token().map(|t| format!("{t} ({}, {what})", c.call.name))

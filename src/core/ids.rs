@@ -94,7 +94,16 @@ impl ContinuationToken {
     /// `<session>-<call>`, shortened with a hash of the session name when it
     /// would not fit in a DNS label.
     pub fn for_call(session: &SessionId, call: CallId) -> Self {
-        let suffix = call.to_string();
+        Self::with_suffix(session, call.to_string())
+    }
+
+    /// `<session>-budget-<n>`: the `n`th time the session asked a person
+    /// to raise a limit (`onExceed: ask`).
+    pub fn for_budget_ask(session: &SessionId, n: u32) -> Self {
+        Self::with_suffix(session, format!("budget-{n}"))
+    }
+
+    fn with_suffix(session: &SessionId, suffix: String) -> Self {
         let full = format!("{}-{}", session.0, suffix);
         if full.len() <= MAX_NAME_LEN {
             return ContinuationToken(full);

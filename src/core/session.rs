@@ -14,7 +14,7 @@
 //!    [`Session::poll_timeout`] or the next outside event.
 
 use super::acceptance::ENGINE_BY;
-use super::budget::{Budget, BudgetStop, Pricing, Spend, Work};
+use super::budget::{Budget, BudgetStop, Pricing, Raise, Spend, Work};
 use super::cache::{cache_key, CacheKey, CacheScope};
 use super::call::{
     flat, Approval, Attempt, CallStage, CallState, Claim, TaskHandle, TrackedToolCall,
@@ -31,6 +31,7 @@ use super::policy::{
 };
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
+pub use spend::{BudgetAsk, BUDGET_TOOL};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod outcome;
@@ -295,6 +296,15 @@ pub struct SessionState {
     /// there is the source's, recorded, never run again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<super::fork::ForkedFrom>,
+    /// The open question to a person about a limit (`onExceed: ask`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ask: Option<BudgetAsk>,
+    /// Questions about limits asked so far: the next one's token number.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub budget_asks: u32,
+    /// The limits people raised when asked.
+    #[serde(default, skip_serializing_if = "Raise::is_empty")]
+    pub budget_raise: Raise,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -330,6 +340,9 @@ impl SessionState {
             tool_calls: 0,
             budget_stop: None,
             forked_from: None,
+            budget_ask: None,
+            budget_asks: 0,
+            budget_raise: Raise::default(),
         }
     }
 
@@ -552,6 +565,15 @@ pub enum Event {
         /// Edited arguments (a JSON object's text), where the policy
         /// allows edits.
         arguments: Option<String>,
+    },
+    /// A person answered the session's question about a limit
+    /// (`onExceed: ask`): approved with `raise`, or denied.
+    BudgetDecided {
+        token: ContinuationToken,
+        approved: bool,
+        by: String,
+        reason: Option<String>,
+        raise: Raise,
     },
     /// A timer from `poll_timeout` fired (or any periodic check).
     Tick,
@@ -784,6 +806,7 @@ impl Session {
                 !self.config.driver.runs(c) || c.claim().is_some() || c.task_asks().is_some()
             })
             .filter_map(|c| c.token().cloned())
+            .chain(self.state.budget_ask.iter().map(|a| a.token.clone()))
             .collect()
     }
 
@@ -849,6 +872,18 @@ impl Session {
             } => self
                 .on_decide(&token, (approved, by, reason, arguments), now)
                 .map(Handled::Wake),
+            Event::BudgetDecided {
+                token,
+                approved,
+                by,
+                reason,
+                raise,
+            } => Ok(Handled::Wake(self.on_budget_decided(
+                &token,
+                (approved, by, reason),
+                raise,
+                now,
+            ))),
             Event::Tick => {
                 self.on_tick(now);
                 Ok(Handled::Done)
@@ -1485,7 +1520,7 @@ impl Session {
 
     /// Moves every ready call on according to its policy.
     fn dispatch(&mut self, now: Millis) {
-        let budget = &self.config.budget;
+        let budget = &self.budget();
         let mut spend = Spend {
             usage: self.state.usage,
             tool_calls: self.state.tool_calls,
@@ -1566,7 +1601,8 @@ impl Session {
         if starts && self.actions.back() != Some(&Action::Checkpoint) {
             self.push(Action::Checkpoint);
         }
-        for a in planned {
+        for mut a in planned {
+            self.bound_child(&mut a);
             self.push(a);
         }
     }
@@ -1701,7 +1737,7 @@ impl Session {
         if queued {
             return None;
         }
-        let stop = self.config.budget.stops(&self.spend(), Work::ModelCall);
+        let stop = self.budget().stops(&self.spend(), Work::ModelCall);
         if !self.budget_checked(stop, true) {
             return None;
         }
@@ -1731,6 +1767,7 @@ impl Session {
             self.plan_collects();
             return;
         }
+        self.ensure_budget_question();
         self.dispatch(now);
         self.settle(now);
         if self.state.phase == Phase::Waiting
@@ -1913,6 +1950,7 @@ fn comes_from_outside(event: &Event) -> bool {
         Event::AttemptFinished { .. }
             | Event::Wake { .. }
             | Event::Decide { .. }
+            | Event::BudgetDecided { .. }
             | Event::RunAgain { .. }
             | Event::TaskAsks { .. }
             | Event::TaskEnded { .. }

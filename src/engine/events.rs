@@ -232,5 +232,6 @@ pub fn waiting_for_text(w: WaitingFor) -> &'static str {
         WaitingFor::McpTask => "an MCP task",
         WaitingFor::SubAgent => "a sub-agent",
         WaitingFor::Outcome => "a person to tell an unknown outcome",
+        WaitingFor::Budget => "a person to raise a limit",
     }
 }

@@ -248,6 +248,7 @@ pub fn preview_state(
         .pending()
         .into_iter()
         .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
+        .chain(budget_wait(session.state()))
         .collect();
     for (token, waiting) in deferred {
         if let Some(rec) = continuations.iter().find(|r| r.token() == &token) {
@@ -412,6 +413,7 @@ async fn step_once(
         .pending()
         .into_iter()
         .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
+        .chain(budget_wait(&record.state))
         .collect();
     let config = driven_config(agent, holder, roles, &record);
     let mut session = Session::restore_quiet(record.state.clone(), config);
@@ -638,6 +640,7 @@ async fn absorb(
         .flat_map(|o| o.calls.iter())
         .filter(|c| c.state() == CallState::Deferred && c.has_continuation())
         .filter_map(|c| c.token().cloned().map(|t| (t, c.waiting_for())))
+        .chain(budget_wait(session.state()))
         .collect();
     if open.is_empty() {
         return Ok(false);
@@ -655,6 +658,29 @@ async fn absorb(
         apply_record(p.observer, session, rec, waiting, now, usage);
     }
     Ok(session.state() != &before)
+}
+
+/// The session's open question about a limit, as a wait.
+fn budget_wait(state: &SessionState) -> Option<(ContinuationToken, Option<WaitingFor>)> {
+    let ask = state.budget_ask.as_ref()?;
+    Some((ask.token.clone(), Some(WaitingFor::Budget)))
+}
+
+/// Feeds the core a person's decision on the session's question about a
+/// limit, with the raise they gave.
+fn budget_decided(session: &mut Session, rec: &ContinuationRecord, now: crate::core::Millis) {
+    let Some(dec) = &rec.decision else {
+        return;
+    };
+    let decided = Event::BudgetDecided {
+        token: rec.token().clone(),
+        approved: dec.approved,
+        by: dec.by.clone(),
+        reason: dec.reason.clone(),
+        raise: dec.raise.unwrap_or_default(),
+    };
+    let sid = session.state().id.0.clone();
+    refuse_logged(&sid, "budget decision", session.handle(decided, now));
 }
 
 /// A child's answer recorded in its call's continuation before a crash:
@@ -686,6 +712,10 @@ fn apply_record(
     }
     let sid = session.state().id.0.clone();
     let token = rec.token().clone();
+    if waiting == Some(WaitingFor::Budget) {
+        budget_decided(session, rec, now);
+        return;
+    }
     if waiting == Some(WaitingFor::Approval) {
         if let Some(dec) = &rec.decision {
             refuse_logged(

@@ -212,7 +212,11 @@ pub(super) async fn call_model(
     let now = p.clock.now();
     match session.handle(event, now) {
         Ok(_) => {
-            if let Some(t) = shown {
+            if let Some(mut t) = shown {
+                // Priced as the core priced it, for the observers' spend.
+                if let Some(pricing) = &session.config().pricing {
+                    t.usage.cost_micros = pricing.cost_micros(&t.usage);
+                }
                 p.observer
                     .observe(&Progress::agent_turn(sid, turn, &t, session.state()));
             }

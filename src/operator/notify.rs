@@ -75,7 +75,9 @@ fn person_wait(c: &Continuation) -> Option<WaitingForName> {
         return None;
     }
     match status.waiting_for? {
-        w @ (WaitingForName::Approval | WaitingForName::External) => Some(w),
+        w @ (WaitingForName::Approval | WaitingForName::External | WaitingForName::Budget) => {
+            Some(w)
+        }
         _ => None,
     }
 }
@@ -158,6 +160,9 @@ pub fn link(
         WaitingForName::Approval => {
             format!("agents session approve {token} --store kube -n {ns}")
         }
+        WaitingForName::Budget => {
+            format!("agents session approve {token} --raise LIMIT=N --store kube -n {ns}")
+        }
         _ => format!("agents session complete {token} --store kube -n {ns} --text ..."),
     }
 }
@@ -181,6 +186,7 @@ pub fn payload(c: &Continuation, ns: &str, wait: WaitingForName, page: Option<&s
     };
     let (waiting_for, what) = match wait {
         WaitingForName::Approval => ("approval", "waits for approval"),
+        WaitingForName::Budget => ("budget", "asks to go past a limit"),
         _ => ("external", "waits for an outside result"),
     };
     let link = link(ns, session, &token, wait, page);
@@ -377,6 +383,7 @@ fn attempt_marker(
 fn wait_text(w: WaitingForName) -> &'static str {
     match w {
         WaitingForName::Approval => "approval",
+        WaitingForName::Budget => "a decision on a limit",
         _ => "an outside result",
     }
 }

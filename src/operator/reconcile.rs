@@ -85,6 +85,8 @@ struct Stepped {
     settled: bool,
     store: KubeStore,
     notify: Option<notify::Target>,
+    /// Who the step's model turns spent for (metrics labels).
+    spend: report::SpendLabels,
 }
 
 impl Stepped {
@@ -123,6 +125,11 @@ impl Stepped {
             settled,
             store,
             notify: resolved.notify,
+            spend: report::SpendLabels {
+                namespace: ns.to_string(),
+                agent: resolved.agent_name.clone(),
+                model: resolved.model_name.clone(),
+            },
         }))
     }
 
@@ -136,8 +143,9 @@ impl Stepped {
             settled,
             store,
             notify,
+            spend,
         } = self;
-        report_step(ctx, session, &step, progress);
+        report_step(ctx, session, &step, progress, &spend);
         let quota_retry = quota.map(|why| held_by_quota(ctx, session, why));
         // Waits for a person are announced once each (a marker in the
         // Continuation's status); a failed POST is retried after a backoff.
@@ -266,6 +274,7 @@ fn report_step(
     session: &Session,
     step: &engine::StepReport,
     progress: Vec<Progress>,
+    spend: &report::SpendLabels,
 ) {
     let uid = session.uid().unwrap_or_default();
     let progress = ctx
@@ -276,6 +285,7 @@ fn report_step(
     ctx.metrics.reconciled(true);
     for p in &progress {
         report::count(&ctx.metrics, p);
+        report::count_spend(&ctx.metrics, spend, p);
     }
     let reference = session.object_ref(&());
     for e in report::step_events(&progress, &step.outcome, step.writes > 0) {

@@ -95,6 +95,20 @@ pub fn step_events(progress: &[Progress], outcome: &StepOutcome, wrote: bool) ->
     out
 }
 
+/// Who spent, as the token and cost counters label it.
+pub struct SpendLabels {
+    pub namespace: String,
+    pub agent: String,
+    pub model: String,
+}
+
+/// A model turn's tokens and cost in the operator's spend counters.
+pub fn count_spend(metrics: &Metrics, labels: &SpendLabels, p: &Progress) {
+    if let Progress::AgentTurn { usage, .. } = p {
+        metrics.spent(&labels.namespace, &labels.agent, &labels.model, usage);
+    }
+}
+
 /// One engine event in the operator's metrics.
 pub fn count(metrics: &Metrics, p: &Progress) {
     match p {
@@ -136,6 +150,7 @@ fn deferred_as(waiting_for: WaitingFor) -> &'static str {
         WaitingFor::McpTask => "mcpTask",
         WaitingFor::SubAgent => "subAgent",
         WaitingFor::Outcome => "outcome",
+        WaitingFor::Budget => "budget",
     }
 }
 

@@ -33,6 +33,8 @@ pub(super) struct Resolved {
     pub(super) model: ModelClient,
     pub(super) tools: Arc<Toolbox>,
     pub(super) agent_name: String,
+    /// The model's name (`gpt-4o-mini`; `scripted`), for the spend metrics.
+    pub(super) model_name: String,
     /// Where waits for a person are announced.
     pub(super) notify: Option<notify::Target>,
     /// What listing the agent's MCP servers found.
@@ -120,9 +122,20 @@ pub(super) async fn prepare(
         model,
         tools: Arc::new(agent.toolbox),
         agent_name: agent_name.unwrap_or_else(|| "(inline)".into()),
+        model_name: model_name(&spec.model),
         notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
         mcp,
     })
+}
+
+/// The model a spec names, as the spend metrics label it.
+fn model_name(model: &crate::api::agent::ModelSpec) -> String {
+    let named = match model.provider {
+        ModelProvider::Openai => model.openai.as_ref().map(|m| m.model.clone()),
+        ModelProvider::Anthropic => model.anthropic.as_ref().map(|m| m.model.clone()),
+        ModelProvider::Scripted => None,
+    };
+    named.unwrap_or_else(|| "scripted".into())
 }
 
 /// The remote model client of `spec`, held to the operator's list of

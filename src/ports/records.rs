@@ -80,6 +80,10 @@ pub struct Decision {
     /// Edited arguments (a JSON object's text), where the policy allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
+    /// The limits raised with an approval of a session's question about
+    /// its budget (`waitingFor: budget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raise: Option<crate::core::budget::Raise>,
 }
 
 /// A continuation as stored: what the core asked for, and what the outside

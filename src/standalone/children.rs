@@ -148,6 +148,15 @@ impl<'a> ChildRunner<'a> {
         })
     }
 
+    /// The final token usage of the ended child of `plan` (this parent's
+    /// own, by UID), for the parent's usage and limits.
+    pub fn usage(self, plan: &'a ChildPlan) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        Box::pin(async move {
+            let record = self.child(plan, false).await.ok()?;
+            record.state.phase.is_final().then_some(record.state.usage)
+        })
+    }
+
     /// The stored child of `plan`, made first when `make` and it is absent.
     async fn child(&self, plan: &ChildPlan, make: bool) -> Result<SessionRecord, NoChild> {
         let later = |e: StoreError| NoChild::Later(e.to_string());
@@ -383,7 +392,7 @@ fn path_to(id: &str, root: &str, parents: &BTreeMap<String, String>) -> Vec<Stri
 }
 
 /// `agents session tree ROOT` on the embedded store: each session, its
-/// phase, the call that made it, its depth and its own token usage.
+/// phase, the call that made it, its depth and its token usage (its ended children's included).
 pub async fn tree(store: &dyn AdminPort, root: &SessionId) -> anyhow::Result<Value> {
     let members = store.tree(root).await?;
     let Some(top) = members.iter().find(|m| m.record.state.id == *root) else {

@@ -9,6 +9,7 @@ use super::patience;
 use super::progress::{waiting_for_text, Progress};
 use crate::agent::RunnableAgent;
 use crate::api::continuation::MAX_ANSWERS_BYTES;
+use crate::core::budget::Raise;
 use crate::core::envelope::ResultEnvelope;
 use crate::core::{
     ContinuationToken, Phase, SessionId, SessionState, ToolResponse, ToolResult, Turn, WaitingFor,
@@ -347,6 +348,9 @@ pub async fn show(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<
     ));
     if let Some(stop) = &state.budget_stop {
         out::line(&format!("held: {}", stop.message));
+    }
+    if let Some(ask) = &state.budget_ask {
+        out::line(&format!("asks ({}): {}", ask.token, ask.stop.message));
     }
     if let Some(answer) = &state.answer {
         out::line(&format!("answer: {answer}"));
@@ -714,11 +718,18 @@ pub async fn decide(
     approved: bool,
     reason: Option<String>,
     by: Option<&str>,
-    arguments: Option<String>,
+    (arguments, raise): (Option<String>, Option<Raise>),
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
     patience::patiently("the decision", || {
-        decide_once(token, approved, reason.clone(), by, arguments.clone(), sel)
+        decide_once(
+            token,
+            approved,
+            reason.clone(),
+            by,
+            (arguments.clone(), raise),
+            sel,
+        )
     })
     .await
 }
@@ -728,7 +739,7 @@ async fn decide_once(
     approved: bool,
     reason: Option<String>,
     by: Option<&str>,
-    arguments: Option<String>,
+    (arguments, raise): (Option<String>, Option<Raise>),
     sel: &StoreSel,
 ) -> anyhow::Result<ExitCode> {
     let (store, token, record) = open_continuation(sel, token).await?;
@@ -736,7 +747,12 @@ async fn decide_once(
     if let Some(args) = &arguments {
         check_edit(&record, args)?;
     }
-    if record.spec.waiting_for != WaitingFor::Approval && record.decision.is_none() {
+    super::budget_ask::check_raise(&record, approved, raise.as_ref())?;
+    let asks_a_person = matches!(
+        record.spec.waiting_for,
+        WaitingFor::Approval | WaitingFor::Budget
+    );
+    if !asks_a_person && record.decision.is_none() {
         bail!(
             "{token} does not wait for an approval (it waits for {}); complete it with `agents session complete {token}`",
             waiting_for_text(record.spec.waiting_for)
@@ -748,6 +764,7 @@ async fn decide_once(
         reason,
         at: now(),
         arguments,
+        raise,
     };
     let word = if approved { "approved" } else { "denied" };
     match store.decide(&token, &decision).await? {
@@ -812,6 +829,7 @@ pub async fn run_again(token: &str, by: Option<&str>, sel: &StoreSel) -> anyhow:
         reason: Some("run again".into()),
         at: now(),
         arguments: None,
+        raise: None,
     };
     match store.decide(&token, &decision).await? {
         WriteOnce::Recorded | WriteOnce::AlreadySame { .. } => {

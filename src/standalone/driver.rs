@@ -132,6 +132,13 @@ impl RunnerPort for LocalRunner<'_> {
         self.children.release(token)
     }
 
+    fn child_usage<'a>(
+        &'a self,
+        child: &'a crate::core::session::subagent::ChildPlan,
+    ) -> BoxFuture<'a, Option<crate::core::TokenUsage>> {
+        self.children.usage(child)
+    }
+
     fn label(&self, kind: RunKind<'_>) -> &'static str {
         match kind {
             RunKind::Background => "runAsync",
@@ -423,7 +430,30 @@ pub fn pending_calls(state: &SessionState, opts: &DriveOptions, roles: Roles) ->
                 path: Vec::new(),
             })
         })
+        .chain(budget_question(state, &flag))
         .collect()
+}
+
+/// The session's open question about its budget, and how to answer it.
+fn budget_question(state: &SessionState, flag: &str) -> Option<PendingCall> {
+    let ask = state.budget_ask.as_ref()?;
+    let token_q = shell_quote(&ask.token.0);
+    let limit = match ask.stop.limit {
+        crate::core::budget::LimitKind::Tokens => "tokens",
+        crate::core::budget::LimitKind::Cost => "cost",
+        crate::core::budget::LimitKind::ToolCalls => "toolCalls",
+    };
+    Some(PendingCall {
+        token: ask.token.0.clone(),
+        call: "-".into(),
+        tool: crate::core::session::BUDGET_TOOL.into(),
+        waiting_for: Some(WaitingFor::Budget),
+        reason: Some(ask.stop.message.clone()),
+        command: format!(
+            "agents session approve {token_q} --raise {limit}=N{flag}   (or: agents session deny {token_q} --reason ...{flag})"
+        ),
+        path: Vec::new(),
+    })
 }
 
 /// The continuations an isolated worker could run.

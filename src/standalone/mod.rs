@@ -14,9 +14,11 @@
 //! | [`commands`] | the CLI's entry points: run, resume, pause, complete, approve, run-isolated, ... |
 //! | [`export`], [`import`] | a session carried between stores: the versioned export format, and its import into either store |
 //! | [`replay`] | a recorded session run again through an agent, tools served their recorded results |
+//! | [`budget_ask`] | what an approval of a session's question about its budget must carry (`--raise`) |
 //! | [`any_store`] | the store a command works on: embedded, or the cluster's (`--store kube`) |
 
 pub mod any_store;
+pub mod budget_ask;
 pub mod children;
 pub mod commands;
 pub mod definition;

@@ -459,6 +459,7 @@ async fn a_success_result_waits_for_the_approval() {
             reason: None,
             decided_at: serde_json::from_value(json!(AT)).unwrap(),
             arguments: None,
+            raise: None,
         })
     );
     ns.delete(&client).await;

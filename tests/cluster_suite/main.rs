@@ -11,6 +11,8 @@
 mod support;
 
 mod cluster_approvals;
+mod cluster_budget_ask;
+mod cluster_budget_tree;
 mod cluster_budgets;
 mod cluster_crds;
 mod cluster_fairness;

@@ -2,6 +2,7 @@
 //! machine case by case, and its properties (proptest; the regressions file
 //! sits beside the module). Each module is one former `tests/core_*.rs`.
 
+mod core_budget_ask;
 mod core_budgets;
 mod core_outcome;
 mod core_properties;

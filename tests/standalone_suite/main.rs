@@ -12,6 +12,8 @@ mod cli_surface;
 mod engine_fence;
 mod standalone_anthropic;
 mod standalone_bounded;
+mod standalone_budget_ask;
+mod standalone_budget_tree;
 mod standalone_budgets;
 mod standalone_claims;
 mod standalone_cli;

@@ -222,9 +222,11 @@ fn a_tree_of_sub_agents_runs_in_one_agents_run() {
         effects.lock().unwrap().values().all(|n| *n == 1),
         "each side effect sent once"
     );
+    // A session's usage takes in its children's (as under the operator):
+    // a researcher's own 30 and its two leaves' 30 each.
     let text = s.run(&["session", "tree", "root"]).ok().to_string();
     assert!(
-        text.contains("  root-t1-c0 [Succeeded] agent researcher depth 1 call t1-c0 tokens 30"),
+        text.contains("  root-t1-c0 [Succeeded] agent researcher depth 1 call t1-c0 tokens 90"),
         "{text}"
     );
 }

@@ -14,9 +14,11 @@ use super::Ui;
 use crate::api::session::WaitingForName;
 use crate::api::{Continuation, Session};
 use crate::cli::tree_cmd::path_of;
+use crate::core::budget::Raise;
 use crate::core::{ContinuationToken, SessionId, ToolResult, Turn};
 use crate::ports::records::{Decision, WriteOnce};
 use crate::ports::{ContinuationPort, SessionPort};
+use crate::standalone::budget_ask::check_raise;
 use crate::standalone::commands::{compact_answers, record_answers};
 use crate::store::kube::KubeStore;
 use hyper::StatusCode;
@@ -36,7 +38,12 @@ fn waits_for_people(c: &Continuation) -> bool {
         s.outcome.is_none()
             && matches!(
                 s.waiting_for,
-                Some(WaitingForName::Approval | WaitingForName::External | WaitingForName::McpTask)
+                Some(
+                    WaitingForName::Approval
+                        | WaitingForName::External
+                        | WaitingForName::McpTask
+                        | WaitingForName::Budget
+                )
             )
     })
 }
@@ -164,6 +171,7 @@ impl Ui {
                 "<h2>Complete</h2><form method=post action=/decide>{hidden}<input type=hidden name=action value=complete>\
                  <textarea name=text rows=4 cols=80></textarea><br><button id=complete>Complete with this text</button></form>"
             ),
+            "budget" => budget_forms(&hidden),
             "mcpTask" => answer_form(&hidden, state.ok().and_then(|s| s.find_call(&ContinuationToken(token.into()))).and_then(|t| t.task_asks())),
             _ => decide_forms(&hidden, c, args),
         }
@@ -185,12 +193,19 @@ impl Ui {
         let now = crate::ports::Clock::now(&crate::ports::SystemClock);
         let written = match field(form, "action").as_str() {
             "approve" | "deny" => {
+                let approved = field(form, "action") == "approve";
+                let raise =
+                    match checked_raise(&store, &token, approved, &field(form, "raise")).await {
+                        Ok(r) => r,
+                        Err(e) => return error_page(StatusCode::BAD_REQUEST, &e),
+                    };
                 let decision = Decision {
-                    approved: field(form, "action") == "approve",
+                    approved,
                     by: self.me.clone(),
                     reason: Some(field(form, "reason")).filter(|r| !r.trim().is_empty()),
                     at: now,
                     arguments: Some(field(form, "arguments")).filter(|a| !a.trim().is_empty()),
+                    raise,
                 };
                 store.decide(&token, &decision).await
             }
@@ -354,6 +369,39 @@ fn decide_forms(hidden: &str, c: &Continuation, args: &str) -> String {
         "<h2>Decide</h2><form method=post action=/decide>{hidden}<input type=hidden name=action value=approve><button id=approve>Approve</button></form>\
          <form method=post action=/decide>{hidden}<input type=hidden name=action value=deny><input name=reason placeholder=\"why (for the model)\"><button id=deny>Deny</button></form>{edit}"
     )
+}
+
+/// A session's question about its budget: approve with new bounds, or
+/// deny (the session fails, with the reason).
+fn budget_forms(hidden: &str) -> String {
+    format!(
+        "<h2>Decide</h2><form method=post action=/decide>{hidden}<input type=hidden name=action value=approve>\
+         <input name=raise id=raise size=40 placeholder=\"tokens=200000, cost=0.5, toolCalls=60\"><button id=approve>Approve with this raise</button></form>\
+         <form method=post action=/decide>{hidden}<input type=hidden name=action value=deny><input name=reason placeholder=\"why\"><button id=deny>Deny (the session fails)</button></form>"
+    )
+}
+
+/// The raise a form gives (`tokens=N, cost=D`, comma or space separated),
+/// checked as `agents session approve --raise` checks it.
+async fn checked_raise(
+    store: &KubeStore,
+    token: &ContinuationToken,
+    approved: bool,
+    text: &str,
+) -> Result<Option<Raise>, String> {
+    let mut raise = Raise::default();
+    let parts: Vec<&str> = text
+        .split([',', ' '])
+        .filter(|p| !p.trim().is_empty())
+        .collect();
+    for part in &parts {
+        raise.parse_into(part)?;
+    }
+    let raise = (!parts.is_empty()).then_some(raise);
+    if let Ok(Some(record)) = store.get_continuation(token).await {
+        check_raise(&record, approved, raise.as_ref()).map_err(|e| format!("{e:#}"))?;
+    }
+    Ok(raise)
 }
 
 /// What an MCP task asks (its `inputRequests`) and a form to answer it

@@ -133,6 +133,7 @@ pub fn wait_name(w: Option<WaitingForName>) -> &'static str {
         Some(WaitingForName::McpTask) => "mcpTask",
         Some(WaitingForName::SubAgent) => "subAgent",
         Some(WaitingForName::Outcome) => "outcome",
+        Some(WaitingForName::Budget) => "budget",
         None => "",
     }
 }

@@ -85,6 +85,10 @@ pub struct ChildPlan {
     /// that trace under it, so a tree is one trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// What the parent has left of its limits: the child spends at most
+    /// this (set by the parent's session as the child is started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::core::budget::BudgetLeft>,
 }
 
 /// The child's name: the call's token (`<parent>-t<turn>-c<call>`, cut
@@ -220,6 +224,7 @@ pub fn plan(
         stack,
         deadline: config.limits.deadline,
         traceparent: None,
+        budget: None,
     }
 }
 
@@ -269,7 +274,9 @@ impl Session {
         let call = self.state.find_call(token)?;
         match &call.policy.disposition {
             Disposition::SubAgent { agent } => {
-                Some(plan(&self.state.id, &self.config, call, agent))
+                let mut child = plan(&self.state.id, &self.config, call, agent);
+                child.budget = self.budget_left();
+                Some(child)
             }
             _ => None,
         }
@@ -296,15 +303,22 @@ impl Session {
             .state
             .find_call(&token)
             .is_some_and(|c| !c.state().is_final());
-        let handled = self.handle(event, now)?;
+        // Counted before the answer is handled, so that the budget check
+        // of the work it lets start (the next model call) sees the child's
+        // spend; taken back when the answer did not end the call.
+        let before = self.state.usage;
+        if open_before {
+            self.state.usage.add(usage);
+        }
+        let handled = self.handle(event, now);
         // A call that ended leaves the open turn once all its turn's calls did.
         let ended = self
             .state
             .find_call(&token)
             .is_none_or(|c| c.state().is_final());
-        if open_before && ended {
-            self.state.usage.add(usage);
+        if handled.is_err() || !ended {
+            self.state.usage = before;
         }
-        Ok(handled)
+        handled
     }
 }

@@ -173,6 +173,7 @@ async fn answer_waits(
                 reason: None,
                 at: now(),
                 arguments: None,
+                raise: None,
             };
             store.decide(token, &decision).await?;
         } else {

@@ -315,6 +315,7 @@ impl KubeStore {
             "reason": decision.reason,
             "decidedAt": convert::time(decision.at),
             "arguments": decision.arguments,
+            "raise": decision.raise,
         });
         let status = |obj: Continuation, rec: ContinuationRecord| {
             let entry = entry.clone();

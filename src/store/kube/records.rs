@@ -187,6 +187,7 @@ pub(crate) fn tally(
         reason: t.reason,
         at: t.at,
         arguments: t.arguments,
+        raise: None,
     })
 }
 
@@ -240,6 +241,7 @@ pub fn continuation_record(c: &Continuation) -> StoreResult<ContinuationRecord> 
             reason: d.reason.clone(),
             at: convert::millis(&d.decided_at),
             arguments: d.arguments.clone(),
+            raise: d.raise,
         }),
     };
     Ok(ContinuationRecord {

@@ -273,6 +273,7 @@ async fn continuation_results_and_decisions_are_written_once() {
         reason: None,
         at: Millis(3),
         arguments: None,
+        raise: None,
     };
     assert_eq!(
         store.decide_continuation(token, &d(true)).await.unwrap(),
@@ -370,6 +371,7 @@ fn denial() -> Decision {
         reason: Some("not now".into()),
         at: Millis(5),
         arguments: None,
+        raise: None,
     }
 }
 
