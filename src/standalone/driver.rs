@@ -195,6 +195,10 @@ pub fn drive_session<'a>(
     Box::pin(drive_loop(store, agent, id, opts, report))
 }
 
+/// How soon a wait's deadline must be for `agents run` to wait for it
+/// rather than yield: the rounding of a deadline to whole seconds.
+const DEADLINE_GRACE_MS: i64 = 1_000;
+
 async fn drive_loop(
     store: &dyn AdminPort,
     agent: &RunnableAgent,
@@ -231,13 +235,16 @@ async fn drive_loop(
             // start with the model's role).
             StepOutcome::Waiting { .. }
                 if roles.model && children::turn_is_free(&step.state, agent) => {}
-            // A wait whose deadline has passed (a sub-agent call stopped by
-            // its timeout in this process): the next step ends it and
-            // tells the model. Once per deadline, so nothing loops.
+            // A wait whose deadline has passed or is about to (a sub-agent
+            // call stopped by its timeout in this process; deadlines are
+            // kept in whole seconds, so the drive's bound can end just
+            // before it): the next step, at the deadline, ends it and tells
+            // the model. Once per deadline, so nothing loops.
             StepOutcome::Waiting {
                 wake_at: Some(at), ..
-            } if at <= clock.now() && woken_at != Some(at) => {
+            } if at.0 <= clock.now().0 + DEADLINE_GRACE_MS && woken_at != Some(at) => {
                 woken_at = Some(at);
+                clock.sleep_until(at).await;
             }
             // Paused while the step ran (its children stopped for it):
             // one more step records the pause and says so.
