@@ -242,7 +242,10 @@ async fn drive_loop(
             // the model. Once per deadline, so nothing loops.
             StepOutcome::Waiting {
                 wake_at: Some(at), ..
-            } if at.0 <= clock.now().0 + DEADLINE_GRACE_MS && woken_at != Some(at) => {
+            } if woken_at != Some(at)
+                && at.0 <= clock.now().0 + DEADLINE_GRACE_MS
+                && is_a_calls_deadline(&step.state, at) =>
+            {
                 woken_at = Some(at);
                 clock.sleep_until(at).await;
             }
@@ -259,6 +262,13 @@ async fn drive_loop(
             }
         }
     }
+}
+
+/// Whether `at` is the deadline of one of the open turn's calls (not a
+/// retry's or a poll's time, which a later step moves on).
+fn is_a_calls_deadline(state: &crate::core::SessionState, at: crate::core::Millis) -> bool {
+    let calls = state.open.iter().flat_map(|o| o.calls.iter());
+    calls.into_iter().any(|c| c.deadline() == Some(at))
 }
 
 /// Whether a session above this one (see [`DriveOptions::held_by`]) is
