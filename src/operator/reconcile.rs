@@ -62,7 +62,13 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
     };
-    if let Some(from) = &session.spec.fork_from {
+    // Once the watched status shows the history written, no read is
+    // spent on it again (a stale object is caught by `seed`'s own check).
+    let seeded = session
+        .status
+        .as_ref()
+        .is_some_and(|s| s.forked_from.is_some());
+    if let Some(from) = session.spec.fork_from.as_ref().filter(|_| !seeded) {
         let id = SessionId(name.clone());
         if let Some(not_ready) = super::fork::seed(&store, &id, from).await? {
             return report_not_ready(&ctx, &session, store, not_ready).await;
