@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http::{Response, Server};
 use support::launcher::Operator;
-use support::{apply, kubectl, kubectl_ok, wait_until, BUSYBOX_IMAGE};
+use support::{apply, kubectl_ok, wait_until, BUSYBOX_IMAGE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 /// Over the status's inline limit for a result (16 KiB): it spills.
@@ -133,23 +133,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn wait_condition(ns: &str, session: &str, condition: &str, secs: u32) {
-    let out = kubectl([
-        "wait",
-        "-n",
-        ns,
-        &format!("--for=condition={condition}"),
-        &format!("session/{session}"),
-        &format!("--timeout={secs}s"),
-    ]);
-    assert!(
-        out.status.success(),
-        "kubectl wait --for=condition={condition} session/{session}: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        kubectl_ok(["get", "session", session, "-n", ns, "-o", "yaml"])
-    );
-}
-
 async fn get(client: &Client, ns: &str, name: &str) -> Session {
     Api::<Session>::namespaced(client.clone(), ns)
         .get(name)
@@ -209,7 +192,7 @@ async fn finished_source(client: &Client, ns: &str) {
     )
     .await;
     agents_ok(ns, &["session", "complete", "src-t1-c3", "--text", "yes"]);
-    wait_condition(ns, "src", "Succeeded", 90);
+    support::wait_session_condition(ns, "src", "Succeeded", 90);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +237,7 @@ async fn a_fork_runs_only_what_comes_after_its_turn_and_never_changes_its_source
         made.contains("session f forked from src at turn 1"),
         "{made}"
     );
-    wait_condition(&ns.name, "f", "Succeeded", 90);
+    support::wait_session_condition(&ns.name, "f", "Succeeded", 90);
     let fork = get(&client, &ns.name, "f").await;
     let fork_uid = fork.uid().unwrap();
 

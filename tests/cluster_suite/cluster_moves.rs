@@ -58,23 +58,6 @@ fn kube<'a>(args: &[&'a str], ns: &'a str) -> Vec<&'a str> {
     [args, &["--store", "kube", "-n", ns]].concat()
 }
 
-fn wait_succeeded(ns: &str, name: &str) {
-    let out = kubectl([
-        "wait",
-        "-n",
-        ns,
-        "--for=condition=Succeeded",
-        &format!("session/{name}"),
-        "--timeout=90s",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        kubectl_ok(["get", "session", name, "-n", ns, "-o", "yaml"])
-    );
-}
-
 /// Waits until session `name` is checkpointed `Waiting` with its call's
 /// Continuation `token` made (the Continuation is made first).
 async fn waiting_on(ns: &str, name: &str, token: &str) {
@@ -337,4 +320,8 @@ async fn an_export_holds_the_turns_the_cluster_spilled() {
         resumed.stdout
     );
     ns.delete(&client).await;
+}
+
+fn wait_succeeded(ns: &str, name: &str) {
+    support::wait_session_condition(ns, name, "Succeeded", 90);
 }

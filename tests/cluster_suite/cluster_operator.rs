@@ -105,23 +105,6 @@ fn agents_ok(ns: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn wait_condition(ns: &str, session: &str, condition: &str, secs: u32) {
-    let out = kubectl([
-        "wait",
-        "-n",
-        ns,
-        &format!("--for=condition={condition}"),
-        &format!("session/{session}"),
-        &format!("--timeout={secs}s"),
-    ]);
-    assert!(
-        out.status.success(),
-        "kubectl wait --for=condition={condition} session/{session}: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        kubectl_ok(["get", "session", session, "-n", ns, "-o", "yaml"])
-    );
-}
-
 async fn session(client: &Client, ns: &str, name: &str) -> Session {
     Api::<Session>::namespaced(client.clone(), ns)
         .get(name)
@@ -354,7 +337,7 @@ async fn the_requested_flow_survives_an_operator_crash() {
         &["session", "complete", "flow-t1-c2", "--text", "forty-two"],
     );
     assert!(done.contains("completed flow-t1-c2"), "{done}");
-    wait_condition(&ns.name, "flow", "Succeeded", 90);
+    support::wait_session_condition(&ns.name, "flow", "Succeeded", 90);
     let latency = watch.latency().await;
     println!("wake latency (result written -> next model turn committed): {latency:?}");
 
@@ -504,7 +487,7 @@ spec:
             "never on prod",
         ],
     );
-    wait_condition(&ns.name, "gated", "Succeeded", 90);
+    support::wait_session_condition(&ns.name, "gated", "Succeeded", 90);
     println!(
         "wake latency (decision -> next model turn): {:?}",
         watch.latency().await
@@ -556,10 +539,10 @@ spec:
 "#;
     apply(&ns.name, yaml);
     let _operator = Operator::start(&ns.name, &kubeconfig(), "pause");
-    wait_condition(&ns.name, "held", "Waiting", 60);
+    support::wait_session_condition(&ns.name, "held", "Waiting", 60);
     let out = agents_ok(&ns.name, &["session", "pause", "held"]);
     assert!(out.contains("paused"), "{out}");
-    wait_condition(&ns.name, "held", "Paused", 60);
+    support::wait_session_condition(&ns.name, "held", "Paused", 60);
     agents_ok(
         &ns.name,
         &["session", "complete", "held-t1-c0", "--text", "42"],
@@ -574,7 +557,7 @@ spec:
 
     let out = agents_ok(&ns.name, &["session", "resume", "held"]);
     assert!(out.contains("resumed"), "{out}");
-    wait_condition(&ns.name, "held", "Succeeded", 60);
+    support::wait_session_condition(&ns.name, "held", "Succeeded", 60);
     let st = status_json(&session(&client, &ns.name, "held").await);
     assert_eq!(st["answer"], "finished after the pause");
     assert_eq!(
@@ -773,7 +756,7 @@ spec:
         - text: here at last
 "#,
     );
-    wait_condition(&ns.name, "early", "Succeeded", 60);
+    support::wait_session_condition(&ns.name, "early", "Succeeded", 60);
     // Each Agent reports whether it is usable, before any session runs it.
     let agents_api: Api<agents::api::Agent> = Api::namespaced(client.clone(), &ns.name);
     let agent_ready = |name: &'static str| {
@@ -848,12 +831,12 @@ spec:
 "#,
     );
     let _operator = Operator::start(&ns.name, &kubeconfig(), "once");
-    wait_condition(&ns.name, "once", "Waiting", 60);
+    support::wait_session_condition(&ns.name, "once", "Waiting", 60);
     agents_ok(
         &ns.name,
         &["session", "complete", "once-t1-c0", "--text", "first"],
     );
-    wait_condition(&ns.name, "once", "Succeeded", 60);
+    support::wait_session_condition(&ns.name, "once", "Succeeded", 60);
     let same = agents_ok(
         &ns.name,
         &["session", "complete", "once-t1-c0", "--text", "first"],
@@ -936,7 +919,7 @@ spec:
     let mut latencies = Vec::new();
     for i in 0..N {
         let name = format!("w{i}");
-        wait_condition(&ns.name, &name, "Waiting", 60);
+        support::wait_session_condition(&ns.name, &name, "Waiting", 60);
         let token = format!("{name}-t1-c0");
         let watch = WakeWatch::start(&client, &ns.name, &name, &token, 1).await;
         agents_ok(&ns.name, &["session", "complete", &token, "--text", "ok"]);
@@ -1117,7 +1100,7 @@ async fn rbac_the_operator_role_suffices_and_a_completer_only_completes() {
         ],
     );
     assert!(done.status.success(), "{}", text(&done));
-    wait_condition(&team.name, "guarded", "Succeeded", 60);
+    support::wait_session_condition(&team.name, "guarded", "Succeeded", 60);
     let s = session(&client, &team.name, "guarded").await;
     assert!(!s.spec.paused);
     assert_eq!(status_json(&s)["answer"], "completed by the completer");
@@ -1184,7 +1167,7 @@ spec:
     );
     let worker = agents_ok(&ns.name, &["session", "run-isolated", "iso"]);
     assert!(worker.contains("isolated-ok"), "{worker}");
-    wait_condition(&ns.name, "iso", "Succeeded", 60);
+    support::wait_session_condition(&ns.name, "iso", "Succeeded", 60);
     let st = status_json(&session(&client, &ns.name, "iso").await);
     let result = &st["state"]["turns"][2]["toolResults"][0]["result"];
     assert_eq!(result["response"]["content"], "isolated-ok", "{result}");
@@ -1232,7 +1215,7 @@ spec:
     .await;
     operator.kill();
     let _operator = Operator::start(&ns.name, &kubeconfig(), "rerun-second");
-    wait_condition(&ns.name, "rerun", "Succeeded", 90);
+    support::wait_session_condition(&ns.name, "rerun", "Succeeded", 90);
     let keys = tools.keys();
     assert_eq!(keys.len(), 1, "one call, one key: {keys:?}");
     let (key, runs) = keys.iter().next().unwrap();
@@ -1337,7 +1320,7 @@ spec:
         ),
     );
     let operator = Operator::start(&ns.name, &kubeconfig(), "model");
-    wait_condition(&ns.name, "talk", "Failed", 60);
+    support::wait_session_condition(&ns.name, "talk", "Failed", 60);
     let failed = session(&client, &ns.name, "talk").await;
     assert!(
         failed
@@ -1361,7 +1344,7 @@ spec:
         .store(false, std::sync::atomic::Ordering::SeqCst);
     let out = agents_ok(&ns.name, &["session", "retry", "talk"]);
     assert!(out.contains("retries"), "{out}");
-    wait_condition(&ns.name, "talk", "Succeeded", 60);
+    support::wait_session_condition(&ns.name, "talk", "Succeeded", 60);
     let s = session(&client, &ns.name, "talk").await;
     assert_eq!(
         s.status.as_ref().unwrap().answer.as_deref(),
@@ -1419,7 +1402,7 @@ spec:
 "#;
     apply(&ns.name, yaml);
     let operator = Operator::start(&ns.name, &kubeconfig(), "adopt");
-    wait_condition(&ns.name, "again", "Waiting", 60);
+    support::wait_session_condition(&ns.name, "again", "Waiting", 60);
     let conts: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
     let old_owner = conts
         .get("again-t1-c0")
@@ -1552,7 +1535,7 @@ spec:
     let before = failed_steps(&session(&client, &ns.name, "refused").await);
     assert!(before < 8, "killed before the session failed: {before}");
     let operator = Operator::start(&ns.name, &kubeconfig(), "second");
-    wait_condition(&ns.name, "refused", "Failed", 120);
+    support::wait_session_condition(&ns.name, "refused", "Failed", 120);
     let s = session(&client, &ns.name, "refused").await;
     let failure = status_json(&s)["failure"]
         .as_str()

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http::Server;
 use support::launcher;
-use support::{apply, kubectl, kubectl_ok, wait_until, TestNamespace};
+use support::{apply, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
@@ -73,23 +73,6 @@ async fn kill_mid_call(ns: &str, pay: &Server) -> launcher::Operator {
     .await;
     first.kill();
     operator(ns, "outcome-second")
-}
-
-fn wait_succeeded(ns: &str) {
-    let out = kubectl([
-        "wait",
-        "-n",
-        ns,
-        "--for=condition=Succeeded",
-        "session/shop",
-        "--timeout=90s",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        kubectl_ok(["get", "session", "shop", "-n", ns, "-o", "yaml"])
-    );
 }
 
 fn keys(pay: &Server) -> Vec<String> {
@@ -170,4 +153,8 @@ async fn retry_sends_it_again_under_the_same_key() {
         "one key: {keys:?}"
     );
     ns.delete(&client).await;
+}
+
+fn wait_succeeded(ns: &str) {
+    support::wait_session_condition(ns, "shop", "Succeeded", 90);
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http::{Request, Response, Server};
 use support::otel::{tree, Collector, Span};
-use support::{apply, kubectl, kubectl_ok, launcher, TestNamespace};
+use support::{apply, kubectl_ok, launcher, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 
@@ -208,22 +208,6 @@ fn agents_complete(ns: &str, token: &str, text: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn wait_succeeded(ns: &str, name: &str) {
-    let out = kubectl([
-        "wait",
-        "-n",
-        ns,
-        "--for=condition=Succeeded",
-        &format!("session/{name}"),
-        "--timeout=90s",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// One trace id; the span names and GenAI attributes; each tool result
 /// reported once, with where it came from.
 fn one_trace_with_the_genai_spans(spans: &[Span], uid: &str) {
@@ -407,4 +391,8 @@ async fn a_tree_of_sessions_is_one_trace() {
         spans.iter().map(|s| s.trace_id.as_str()).collect();
     assert_eq!(traces.len(), 1, "one trace:\n{}", tree(&spans));
     ns.delete(&client).await;
+}
+
+fn wait_succeeded(ns: &str, name: &str) {
+    support::wait_session_condition(ns, name, "Succeeded", 90);
 }

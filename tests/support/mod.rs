@@ -153,6 +153,25 @@ where
         .expect("failed to run kubectl")
 }
 
+/// Waits (`kubectl wait`, at most `secs`) until Session `session` in `ns`
+/// has condition `condition`; panics with kubectl's error and the Session.
+pub fn wait_session_condition(ns: &str, session: &str, condition: &str, secs: u32) {
+    let out = kubectl([
+        "wait",
+        "-n",
+        ns,
+        &format!("--for=condition={condition}"),
+        &format!("session/{session}"),
+        &format!("--timeout={secs}s"),
+    ]);
+    assert!(
+        out.status.success(),
+        "kubectl wait --for=condition={condition} session/{session}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        kubectl_ok(["get", "session", session, "-n", ns, "-o", "yaml"])
+    );
+}
+
 /// Run kubectl and return its stdout; panic with stderr when it fails.
 pub fn kubectl_ok<I, S>(args: I) -> String
 where
