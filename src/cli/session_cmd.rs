@@ -45,7 +45,7 @@ fn check_names(cmd: &SessionCommand) -> anyhow::Result<()> {
         SessionCommand::Fork { source, name, .. } => {
             check_name("session", source)?;
             if let Some(name) = name {
-                check_name("fork name", name)?;
+                check_name("fork", name)?;
             }
         }
         SessionCommand::Show { session, .. }

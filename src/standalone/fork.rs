@@ -63,7 +63,7 @@ async fn plan(
     let name = args
         .name
         .map_or_else(|| default_name(args.source, args.turn), str::to_string);
-    validate_name("fork name", &name).map_err(|e| anyhow!("{e}; give another with --name"))?;
+    validate_name("fork", &name).map_err(|e| anyhow!("{e}; give another with --name"))?;
     if let Some(m) = args.message.filter(|m| m.trim().is_empty()) {
         bail!("--message {m:?} is empty; give the fork's next message some text, or leave --message out");
     }
