@@ -325,3 +325,79 @@ async fn an_export_holds_the_turns_the_cluster_spilled() {
 fn wait_succeeded(ns: &str, name: &str) {
     support::wait_session_condition(ns, name, "Succeeded", 90);
 }
+
+/// A cluster fork (a Session with `spec.forkFrom`) exported and imported
+/// under another name lands as a root with its history in its state: the
+/// import drops `spec.forkFrom`, so the operator does not fork it again,
+/// and the new session finishes from where the fork waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_imported_under_another_name_is_not_forked_again() {
+    let Some((client, ns)) = support::cluster_namespace("moves-fork").await else {
+        return;
+    };
+    let s = Scratch::new("moves-fork");
+    let _operator = launcher::Operator::watching(BIN, &ns.name, "moves-fork");
+    apply(&ns.name, SESSION);
+    waiting_on(&ns.name, "mover", "mover-t1-c1").await;
+    let fork = &[
+        "session",
+        "fork",
+        "mover",
+        "--at-turn",
+        "1",
+        "--name",
+        "forked",
+    ];
+    agents(&s, &kube(fork, &ns.name)).ok();
+    waiting_on(&ns.name, "forked", "forked-t1-c1").await;
+    let export = exported(&agents(
+        &s,
+        &kube(&["session", "export", "forked"], &ns.name),
+    ));
+    assert_eq!(
+        export["definition"]["spec"]["forkFrom"]["session"], "mover",
+        "the export keeps what the fork was made from: {export}"
+    );
+    s.write("forked.json", &export.to_string());
+    let import = &["session", "import", "-f", "forked.json", "--name", "moved"];
+    agents(&s, &kube(import, &ns.name)).ok();
+    let spec = |name: &str, path: &str| {
+        kubectl_ok([
+            "get",
+            "session",
+            name,
+            "-n",
+            &ns.name,
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    };
+    assert_eq!(
+        spec("moved", "{.spec.forkFrom}"),
+        "",
+        "the import kept spec.forkFrom"
+    );
+    assert_eq!(spec("moved", "{.spec.parent}"), "");
+    agents(
+        &s,
+        &kube(
+            &["session", "complete", "moved-t1-c1", "--text", "sent"],
+            &ns.name,
+        ),
+    )
+    .ok();
+    wait_succeeded(&ns.name, "moved");
+    assert_eq!(spec("moved", "{.status.agentTurns}"), "2");
+    assert_eq!(spec("moved", "{.status.answer}"), "Done after the move.");
+    assert_eq!(
+        spec("mover", "{.status.phase}"),
+        "Waiting",
+        "the source moved on"
+    );
+    assert_eq!(
+        spec("forked", "{.status.phase}"),
+        "Waiting",
+        "the fork moved on"
+    );
+    ns.delete(&client).await;
+}
