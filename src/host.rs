@@ -4,6 +4,7 @@
 //! engine reads no environment and no file.
 
 use crate::ports::{HostProcesses, OperatorIdentity, ProcessIdentity};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The host's processes, read from `/proc`.
@@ -65,9 +66,52 @@ pub fn process_start(pid: u32) -> Option<String> {
     rest.split(' ').nth(19).map(str::to_string)
 }
 
+/// Reads a file a person named (a definition, an export, a result) as
+/// UTF-8, at most `most` bytes: a larger file, or an endless one like
+/// `/dev/zero`, is an error naming the bound, not a CLI that takes the
+/// machine's memory. Pipes are read too (`agents run -f <(...)`).
+pub fn read_named_file(path: &Path, most: usize) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(most as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > most {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!(
+                "it is larger than {} MiB, the most this command reads; \
+                 is it the file you meant?",
+                most >> 20
+            ),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| Error::new(ErrorKind::InvalidData, format!("it is not UTF-8 text: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_file_is_read_up_to_its_bound() {
+        let dir = std::env::temp_dir().join(format!("agents-host-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("f.txt");
+        std::fs::write(&file, "x".repeat(2 << 20)).unwrap();
+        assert_eq!(read_named_file(&file, 2 << 20).unwrap().len(), 2 << 20);
+        let over = read_named_file(&file, 1 << 20).unwrap_err().to_string();
+        assert!(over.contains("larger than 1 MiB"), "{over}");
+        let endless = read_named_file(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert!(
+            endless.to_string().contains("larger than 1 MiB"),
+            "{endless}"
+        );
+        std::fs::write(&file, [0xff, 0xfe]).unwrap();
+        let binary = read_named_file(&file, 1 << 20).unwrap_err().to_string();
+        assert!(binary.contains("not UTF-8"), "{binary}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_process_is_known_by_its_start_until_it_is_gone() {

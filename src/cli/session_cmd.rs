@@ -244,6 +244,11 @@ fn parse_raise(given: &[String]) -> anyhow::Result<Option<crate::core::budget::R
     Ok((!given.is_empty()).then_some(raise))
 }
 
+/// The largest arguments or result file read: twice the largest result a
+/// call may have (its JSON may be escaped).
+const MAX_FILE_BYTES: usize = 2 * crate::core::session::MAX_RESULT_BYTES;
+
 fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    crate::host::read_named_file(path, MAX_FILE_BYTES)
+        .with_context(|| format!("reading {}", path.display()))
 }

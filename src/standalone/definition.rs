@@ -22,14 +22,20 @@ pub enum DefinitionError {
     Semantic { path: String, why: String },
 }
 
+/// The largest definition file read: a session's messages at their bounds
+/// (500 of 32 KiB) and its agents fit several times over.
+pub const MAX_DEFINITION_BYTES: usize = 64 << 20;
+
 /// Reads a file of YAML documents: exactly one `Session`, plus the
 /// `Agent`s it may refer to. Unknown fields are errors, not silently
 /// dropped: a misspelt `toolCals` must not run an agent without tools.
 pub fn load_file(path: &Path) -> Result<Definition, DefinitionError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
-        path: shown.clone(),
-        why: e.to_string(),
+    let text = crate::host::read_named_file(path, MAX_DEFINITION_BYTES).map_err(|e| {
+        DefinitionError::Read {
+            path: shown.clone(),
+            why: e.to_string(),
+        }
     })?;
     parse(&text, &shown)
 }
@@ -43,9 +49,11 @@ pub fn parse(text: &str, path: &str) -> Result<Definition, DefinitionError> {
 /// `agents run` keeps beside the session to make its sub-agents.
 pub fn load_file_with_agents(path: &Path) -> Result<(Definition, SubAgents), DefinitionError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
-        path: shown.clone(),
-        why: e.to_string(),
+    let text = crate::host::read_named_file(path, MAX_DEFINITION_BYTES).map_err(|e| {
+        DefinitionError::Read {
+            path: shown.clone(),
+            why: e.to_string(),
+        }
     })?;
     parse_with_agents(&text, &shown)
 }
@@ -243,9 +251,11 @@ pub fn load_model_file(path: &Path) -> Result<crate::api::agent::ModelSpec, Defi
         path: shown.clone(),
         why,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| DefinitionError::Read {
-        path: shown.clone(),
-        why: e.to_string(),
+    let text = crate::host::read_named_file(path, MAX_DEFINITION_BYTES).map_err(|e| {
+        DefinitionError::Read {
+            path: shown.clone(),
+            why: e.to_string(),
+        }
     })?;
     super::yaml_depth::check(&text).map_err(|e| semantic(e.to_string()))?;
     let value: Value = serde_norway::from_str(&text).map_err(|e| semantic(e.to_string()))?;

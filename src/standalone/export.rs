@@ -31,6 +31,10 @@ use std::collections::BTreeSet;
 pub const EXPORT_FORMAT: &str = "agents-exe.io/session-export";
 /// The newest format version this build writes and reads.
 pub const EXPORT_VERSION: u64 = 1;
+/// The largest export an import or a replay reads: a session's status, its
+/// spilled turns (24 MiB at the most) and its open calls' results, with
+/// room to spare.
+pub const MAX_EXPORT_BYTES: usize = 256 << 20;
 
 /// One exported session (format version 1).
 #[derive(Clone, Debug, Serialize, Deserialize)]

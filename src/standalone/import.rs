@@ -36,7 +36,8 @@ struct Moved {
 
 pub async fn import(file: &Path, name: Option<&str>, sel: &StoreSel) -> anyhow::Result<ExitCode> {
     let shown = file.display().to_string();
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {shown}"))?;
+    let text = crate::host::read_named_file(file, super::export::MAX_EXPORT_BYTES)
+        .with_context(|| format!("reading {shown}"))?;
     let export = parse_export(&text, &shown)?;
     let id = SessionId(name.unwrap_or(&export.source.name).to_string());
     crate::core::ids::validate_name("session", &id.0).map_err(anyhow::Error::msg)?;

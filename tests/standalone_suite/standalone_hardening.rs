@@ -467,3 +467,31 @@ fn a_file_nested_100000_deep_is_refused_at_once_saying_why() {
         assert!(!s.path("agents.db").exists(), "{name}: nothing is stored");
     }
 }
+
+// ---- 5. files a person names are read up to a bound --------------------------
+
+/// A definition, an export or a result file is read up to a bound: an
+/// endless file is refused at the bound, naming it, and nothing is written.
+#[test]
+fn an_endless_file_is_refused_at_its_bound() {
+    let s = Scratch::new("endless");
+    for (args, bound) in [
+        (&["run", "-f", "/dev/zero"][..], "larger than 64 MiB"),
+        (
+            &["session", "import", "-f", "/dev/zero"],
+            "larger than 256 MiB",
+        ),
+        (
+            &["session", "replay", "/dev/zero"],
+            "neither an export file",
+        ),
+        (
+            &["session", "complete", "x-t1-c0", "/dev/zero"],
+            "larger than 16 MiB",
+        ),
+    ] {
+        s.run(args).fails_with(bound);
+    }
+    let listed = s.run(&["session", "list"]);
+    assert!(!listed.ok().contains("x-t1"), "{}", listed.stdout);
+}

@@ -88,7 +88,8 @@ pub async fn replay(
 async fn load_source(source: &str, sel: &StoreSel) -> anyhow::Result<SessionExport> {
     let path = Path::new(source);
     if path.is_file() {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
+        let text = crate::host::read_named_file(path, crate::standalone::export::MAX_EXPORT_BYTES)
+            .with_context(|| format!("reading {source}"))?;
         return parse_export(&text, source);
     }
     crate::core::ids::validate_name("session", source)
