@@ -1,10 +1,12 @@
 //! What `status.state` leaves out because the state already holds it: a
 //! reply's tool calls are stored once, in the reply (`turns[].toolCalls`).
 //! An open call's `call`, and a tool result's `modelCallId` and `tool`,
-//! are the tool call its id names (`t<turn>-c<index>`: the index of the
-//! call in the turn-th reply of `turns`):
-//! they are left out when equal to it, and put back on load. A value that
-//! differs (none does today) is kept, so loading gives back what was stored.
+//! repeat the tool call their id names (`t<turn>-c<index>`: the index-th
+//! call of the turn-th reply in `turns`): they are left out when equal to
+//! it, and put back on load. A value that differs (none does today) is
+//! kept, so loading gives back what was stored. Replies are counted in the
+//! whole list of turns, archived ones put back: a status read without its
+//! archived turns (for its phase only) may name the wrong reply.
 
 use super::ConvertError;
 use crate::core::CallId;
