@@ -4,6 +4,10 @@
 //! A field added to the core's `SessionState` lands in `status.state`, and
 //! in its schema, with no edit here.
 
+mod repeats;
+#[cfg(test)]
+pub(crate) mod shape_tests;
+
 use super::convert::ConvertError;
 use super::session::{SessionPhase, SessionStatus};
 use crate::core::conditions::most_needed_wait;
@@ -34,6 +38,7 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
             fields.remove(key);
         }
     }
+    repeats::drop_repeats(&mut doc);
     SessionStatus {
         phase: session_phase(state),
         waiting_for: match &state.budget_ask {
@@ -88,7 +93,9 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
     for (key, value) in lifted.as_object().into_iter().flatten() {
         fields.insert(key.clone(), value.clone());
     }
-    serde_json::from_value(Value::Object(fields)).map_err(|e| ConvertError {
+    let mut doc = Value::Object(fields);
+    repeats::restore_repeats(&mut doc)?;
+    serde_json::from_value(doc).map_err(|e| ConvertError {
         field: "status.state".into(),
         message: format!("not a session state this operator can read: {e}"),
     })
@@ -123,6 +130,7 @@ pub(crate) fn stored_state_schema(_: &mut SchemaGenerator) -> Schema {
         "description".into(),
         "The session's state as the core keeps it: phase, recent turns, the open turn's calls, the inbox, the model call's attempt.".into(),
     );
+    repeats::describe_in_schema(&mut value);
     Schema::try_from(value).expect("a schema stays a schema")
 }
 

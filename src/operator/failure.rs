@@ -298,7 +298,7 @@ async fn mark_unreadable_failed(
     session: &Session,
     reason: &str,
 ) -> Result<(), kube::Error> {
-    use kube::api::{Api, Patch, PatchParams};
+    use kube::api::{Api, Patch};
     let Some(ns) = session.namespace() else {
         return Ok(());
     };
@@ -316,7 +316,11 @@ async fn mark_unreadable_failed(
             "status": {"phase": "Failed", "failure": reason},
         });
         match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .patch_status(
+                &name,
+                &crate::store::kube::status_patch_params(),
+                &Patch::Merge(&body),
+            )
             .await
         {
             Err(kube::Error::Api(e)) if e.code == 409 => continue,

@@ -439,7 +439,7 @@ impl KubeStore {
         self.count_write();
         let obj = self
             .sessions
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .patch_status(name, &status_patch_params(), &Patch::Merge(&body))
             .await?;
         self.remember(name, seen_of(&obj));
         Ok(obj)

@@ -16,6 +16,7 @@ mod cluster_budget_tree;
 mod cluster_budgets;
 mod cluster_crds;
 mod cluster_fairness;
+mod cluster_fields;
 mod cluster_fork;
 mod cluster_isolated;
 mod cluster_jobs;
