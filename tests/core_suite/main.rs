@@ -3,6 +3,7 @@
 //! sits beside the module). Each module is one former `tests/core_*.rs`.
 
 mod core_budget_ask;
+mod core_budget_session;
 mod core_budgets;
 mod core_outcome;
 mod core_properties;
