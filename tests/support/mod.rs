@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod anthropic;
+pub mod budgets;
 pub mod fake;
 pub mod http;
 pub mod launcher;
