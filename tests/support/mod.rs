@@ -14,7 +14,9 @@
 
 pub mod anthropic;
 pub mod budgets;
+pub mod chat;
 pub mod fake;
+pub mod fork;
 pub mod http;
 pub mod launcher;
 pub mod mcp;
