@@ -359,12 +359,15 @@ impl SqliteStore {
     }
 }
 
+/// The rows of five columns a query read.
+type FiveColumns<A, B, C, D, E> = rusqlite::Result<Vec<(A, B, C, D, E)>>;
+
 /// The rows of a query of five columns, as tuples.
 fn five_columns<A, B, C, D, E>(
     c: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
-) -> rusqlite::Result<Vec<(A, B, C, D, E)>>
+) -> FiveColumns<A, B, C, D, E>
 where
     A: rusqlite::types::FromSql,
     B: rusqlite::types::FromSql,
