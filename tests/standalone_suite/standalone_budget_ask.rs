@@ -8,8 +8,8 @@ use crate::support;
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::http::Server;
 use support::budgets::{asking_session_yaml, echo_twice_model};
+use support::http::Server;
 use support::scratch::*;
 
 fn shown(s: &Scratch) -> Value {
