@@ -165,19 +165,28 @@ mod tests {
         assert_eq!(p["required"], json!(["prompt"]));
     }
 
-    #[test]
-    fn lineage_comes_from_spec_parent_and_the_cap_bounds_max_depth() {
-        let agent: AgentSpec =
-            serde_norway::from_str("model: {provider: scripted}\nmaxDepth: 9\n").unwrap();
-        let parent = ParentRef {
+    /// Session `root`'s call `t1-c0`, at depth 1, with no deadline or
+    /// budget.
+    fn root_parent() -> ParentRef {
+        ParentRef {
             name: "root".into(),
             uid: "u".into(),
             call_id: "t1-c0".into(),
             depth: 1,
             stack: Vec::new(),
-            deadline_ms: Some(5_000),
+            deadline_ms: None,
             traceparent: None,
             budget: None,
+        }
+    }
+
+    #[test]
+    fn lineage_comes_from_spec_parent_and_the_cap_bounds_max_depth() {
+        let agent: AgentSpec =
+            serde_norway::from_str("model: {provider: scripted}\nmaxDepth: 9\n").unwrap();
+        let parent = ParentRef {
+            deadline_ms: Some(5_000),
+            ..root_parent()
         };
         let l = lineage(&agent, Some(&parent), 6);
         assert_eq!((l.depth, l.max_depth, l.max_children), (1, 6, 8));
@@ -203,14 +212,8 @@ mod tests {
             on_exceed: OnExceed::Ask,
         };
         let parent = ParentRef {
-            name: "root".into(),
-            uid: "u".into(),
-            call_id: "t1-c0".into(),
-            depth: 1,
-            stack: Vec::new(),
-            deadline_ms: None,
-            traceparent: None,
             budget: Some(left),
+            ..root_parent()
         };
         // No limits of its own, no prices: tokens and tool calls bound it,
         // and it asks as its parent does; cost it cannot count.

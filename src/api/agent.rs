@@ -679,73 +679,66 @@ pub enum OnTimeoutMode {
     Fail,
 }
 
-/// Wrappers around a disposition.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct DecoratorsSpec {
-    /// `true`: wait for one approve/deny decision before running. An
-    /// object: who may decide, how many must agree, and what a timeout
-    /// does.
-    #[serde(default, skip_serializing_if = "ApprovalSetting::is_off")]
-    #[schemars(schema_with = "approval_schema")]
-    pub approval: ApprovalSetting,
-    /// Give up after this many seconds (run time, or wait when deferred).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 31_536_000))]
-    pub timeout_seconds: Option<u64>,
-    /// Extra attempts after a failure, with exponential backoff from 1 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 20))]
-    pub retries: Option<u32>,
-    /// Reuse a result for the same tool and arguments (never when the
-    /// context holds secrets).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub cache: bool,
-    /// Cap results at this many bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16_777_216))]
-    pub truncate_bytes: Option<u64>,
+/// Declares a struct whose fields end with the decorators: the one list
+/// of them, for `DecoratorsSpec` and for a rule, which writes them beside
+/// its other fields.
+macro_rules! with_decorators {
+    ($(#[$meta:meta])* pub struct $name:ident { $($fields:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($fields)*
+            /// `true`: wait for one approve/deny decision before running. An
+            /// object: who may decide, how many must agree, and what a timeout
+            /// does.
+            #[serde(default, skip_serializing_if = "ApprovalSetting::is_off")]
+            #[schemars(schema_with = "approval_schema")]
+            pub approval: ApprovalSetting,
+            /// Give up after this many seconds (run time, or wait when deferred).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(range(min = 1, max = 31_536_000))]
+            pub timeout_seconds: Option<u64>,
+            /// Extra attempts after a failure, with exponential backoff from 1 s.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(range(max = 20))]
+            pub retries: Option<u32>,
+            /// Reuse a result for the same tool and arguments (never when the
+            /// context holds secrets).
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            pub cache: bool,
+            /// Cap results at this many bytes.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(range(min = 1, max = 16_777_216))]
+            pub truncate_bytes: Option<u64>,
+        }
+    };
 }
 
-/// One policy rule. The first rule whose `tool` glob matches decides.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleSpec {
-    /// Glob over tool names: `*`, `?`, `[abc]`.
-    pub tool: String,
-    /// How matching calls run.
-    pub disposition: DispositionMode,
-    /// Why calls wait (for `defer`), shown to whoever completes them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Where `runIsolated` calls run; container tools bring their own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub isolation: Option<ContainerTool>,
-    // The decorators, written beside the rule's other fields. Spelt out
-    // rather than `#[serde(flatten)]`: a flattened struct swallows unknown
-    // keys unseen, so `aproval: true` would run a call without approval.
-    /// `true`: wait for one approve/deny decision before running. An
-    /// object: who may decide, how many must agree, and what a timeout
-    /// does.
-    #[serde(default, skip_serializing_if = "ApprovalSetting::is_off")]
-    #[schemars(schema_with = "approval_schema")]
-    pub approval: ApprovalSetting,
-    /// Give up after this many seconds (run time, or wait when deferred).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 31_536_000))]
-    pub timeout_seconds: Option<u64>,
-    /// Extra attempts after a failure, with exponential backoff from 1 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 20))]
-    pub retries: Option<u32>,
-    /// Reuse a result for the same tool and arguments (never when the
-    /// context holds secrets).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub cache: bool,
-    /// Cap results at this many bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16_777_216))]
-    pub truncate_bytes: Option<u64>,
+with_decorators! {
+    /// Wrappers around a disposition.
+    #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct DecoratorsSpec {}
+}
+
+// The decorators, written beside the rule's other fields. Not
+// `#[serde(flatten)]`: a flattened struct swallows unknown keys unseen, so
+// `aproval: true` would run a call without approval.
+with_decorators! {
+    /// One policy rule. The first rule whose `tool` glob matches decides.
+    #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct RuleSpec {
+        /// Glob over tool names: `*`, `?`, `[abc]`.
+        pub tool: String,
+        /// How matching calls run.
+        pub disposition: DispositionMode,
+        /// Why calls wait (for `defer`), shown to whoever completes them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+        /// Where `runIsolated` calls run; container tools bring their own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub isolation: Option<ContainerTool>,
+    }
 }
 
 impl RuleSpec {

@@ -7,14 +7,11 @@
 use super::tree_cmd::subtree;
 use crate::api::Session;
 use crate::core::{SessionId, WaitingFor};
-use crate::engine::Roles;
 use crate::operator::children::LABEL_ROOT;
 use crate::ports::AdminPort;
-use crate::standalone::any_store::load_agent;
 use crate::standalone::commands::{self, Output, StoreSel};
-use crate::standalone::driver::{self, preview, DriveOptions};
 use crate::standalone::out;
-use crate::standalone::progress::{shell_quote, waiting_for_text, PendingCall};
+use crate::standalone::progress::PendingCall;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 use serde::Serialize;
@@ -117,37 +114,11 @@ async fn session_waits(
     sel: &StoreSel,
 ) -> anyhow::Result<Vec<PendingCall>> {
     let id = SessionId(session.to_string());
-    let (record, _, agent) = load_agent(store, &id).await?;
-    let records = store.list_for(&driver::owner_of(&record)).await?;
-    let state = preview(store, &agent, &id).await?;
-    let roles = Roles {
-        model: true,
-        background: true,
-        isolated: false,
-    };
-    let opts = DriveOptions {
-        roles: Some(roles),
-        store_flag: store_flag(sel),
-        ..DriveOptions::default()
-    };
-    Ok(driver::pending_calls(&state, &opts, roles)
+    let (_, waiting) = commands::session_waits(store, &id, sel).await?;
+    Ok(waiting
         .into_iter()
         .filter(|p| p.waiting_for != Some(WaitingFor::SubAgent))
-        // Completed in its continuation but not yet resumed: not pending.
-        .filter(|p| {
-            !records
-                .iter()
-                .any(|r| r.spec.token.0 == p.token && r.is_completed())
-        })
         .collect())
-}
-
-/// `--store kube -n NS`, as typed again in the printed commands.
-fn store_flag(sel: &StoreSel) -> String {
-    match &sel.namespace {
-        Some(ns) => format!("--store kube -n {}", shell_quote(ns)),
-        None => "--store kube".to_string(),
-    }
 }
 
 fn print(session: &str, waits: &[TreeWait], out: Output) -> anyhow::Result<()> {
@@ -161,20 +132,8 @@ fn print(session: &str, waits: &[TreeWait], out: Output) -> anyhow::Result<()> {
         ));
     }
     for w in waits {
-        let p = &w.call;
-        out::line(&format!(
-            "{}\n  {}  {} ({}) waits for {}{}\n  $ {}",
-            w.path.join(" > "),
-            p.token,
-            p.tool,
-            p.call,
-            p.waiting_for.map(waiting_for_text).unwrap_or("?"),
-            p.reason
-                .as_ref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default(),
-            p.command
-        ));
+        let wait = commands::wait_line(&w.call, "");
+        out::line(&format!("{}\n  {wait}", w.path.join(" > ")));
     }
     Ok(())
 }

@@ -374,6 +374,23 @@ pub(super) async fn ensure_continuation(
     Ok(())
 }
 
+/// Tells the observer of `result`, the answer to the call `envelope` carries.
+pub(super) fn observe_result(
+    p: &Ports<'_>,
+    sid: &str,
+    envelope: &crate::core::envelope::CallEnvelope,
+    result: &ToolResult,
+    from: Provenance,
+) {
+    p.observer.observe(&Progress::tool_result(
+        sid,
+        &envelope.context.call_id,
+        &envelope.tool_call,
+        result,
+        from,
+    ));
+}
+
 /// Answers a background call from the cache.
 pub(super) fn serve_cached(
     p: &Ports<'_>,
@@ -382,13 +399,7 @@ pub(super) fn serve_cached(
     envelope: &crate::core::envelope::CallEnvelope,
     hit: ToolResult,
 ) {
-    p.observer.observe(&Progress::tool_result(
-        sid,
-        &envelope.context.call_id,
-        &envelope.tool_call,
-        &hit,
-        Provenance::Cache,
-    ));
+    observe_result(p, sid, envelope, &hit, Provenance::Cache);
     let wake = Event::Wake {
         token: envelope.token.clone(),
         result: hit,
@@ -543,13 +554,7 @@ pub(super) fn finish_attempt(
             return;
         }
     };
-    p.observer.observe(&Progress::tool_result(
-        sid,
-        &envelope.context.call_id,
-        &envelope.tool_call,
-        &result,
-        Provenance::Runner(by),
-    ));
+    observe_result(p, sid, envelope, &result, Provenance::Runner(by));
     let failed = result.is_error().then(|| result.to_model_text());
     let event = Event::AttemptFinished {
         token: envelope.token.clone(),

@@ -57,13 +57,7 @@ pub(super) async fn poll(
         }
         TaskPoll::Ended(result) => {
             info!(session = sid, task = %task.id, failed = result.is_error(), "MCP task ended");
-            p.observer.observe(&Progress::tool_result(
-                sid,
-                &envelope.context.call_id,
-                &envelope.tool_call,
-                &result,
-                Provenance::Runner(TASK_BY),
-            ));
+            super::perform::observe_result(p, sid, envelope, &result, Provenance::Runner(TASK_BY));
             Event::TaskEnded { token, result }
         }
     };

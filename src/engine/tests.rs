@@ -427,15 +427,8 @@ fn ports<'a>(
     clock: &'a ManualClock,
 ) -> Ports<'a> {
     Ports {
-        sessions: store,
-        continuations: store,
-        cache: store,
-        model,
-        tools,
-        runner: tools,
         clock,
-        observer: &|_: &Progress| {},
-        tracer: &NoTraces,
+        ..Ports::over_store(store, model, tools, tools, &|_: &Progress| {})
     }
 }
 
@@ -475,6 +468,14 @@ async fn run_to_end(
         }
     }
     last.expect("at least one step")
+}
+
+/// Fails unless the session succeeded.
+fn assert_succeeded(outcome: &StepOutcome) {
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
 }
 
 /// The first tool result the model was given.

@@ -6,7 +6,7 @@ use super::children::{self, StoredDefinition};
 use super::definition::{self, Definition};
 use super::driver::{self, drive, now, preview, sync_input, DriveOptions, Outcome};
 use super::patience;
-use super::progress::{waiting_for_text, Progress};
+use super::progress::{waiting_for_text, PendingCall, Progress};
 use crate::agent::RunnableAgent;
 use crate::api::continuation::MAX_ANSWERS_BYTES;
 use crate::core::budget::Raise;
@@ -408,16 +408,20 @@ fn print_conversation(state: &SessionState) {
     }
 }
 
-pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
-    let store = open(sel).await?;
-    let id = SessionId(session.to_string());
-    let (record, _, agent) = load_agent(store.as_ref(), &id).await?;
+/// The calls of session `id` that wait on someone else (in `sel`), as
+/// `pending` lists them, with the session's record.
+pub async fn session_waits(
+    store: &dyn AdminPort,
+    id: &SessionId,
+    sel: &StoreSel,
+) -> anyhow::Result<(SessionRecord, Vec<PendingCall>)> {
+    let (record, _, agent) = load_agent(store, id).await?;
     let records = store.list_for(&driver::owner_of(&record)).await?;
-    let state = preview(store.as_ref(), &agent, &id).await?;
+    let state = preview(store, &agent, id).await?;
     let opts = options(sel);
     let waiting = driver::pending_calls(&state, &opts, opts.roles.unwrap_or(Roles::ALL));
     // A call completed in its continuation but not yet resumed is not pending.
-    let mut waiting: Vec<_> = waiting
+    let waiting = waiting
         .into_iter()
         .filter(|p| {
             !records
@@ -425,7 +429,32 @@ pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resu
                 .any(|r| r.spec.token.0 == p.token && r.is_completed())
         })
         .collect();
+    Ok((record, waiting))
+}
+
+/// One wait as `pending` prints it: token, tool and call (then `after`),
+/// what it waits for, and the command that answers it.
+pub fn wait_line(p: &PendingCall, after: &str) -> String {
+    format!(
+        "{}  {} ({}){after} waits for {}{}\n  $ {}",
+        p.token,
+        p.tool,
+        p.call,
+        p.waiting_for.map(waiting_for_text).unwrap_or("?"),
+        p.reason
+            .as_ref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default(),
+        p.command
+    )
+}
+
+pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Result<ExitCode> {
+    let store = open(sel).await?;
+    let id = SessionId(session.to_string());
+    let (record, mut waiting) = session_waits(store.as_ref(), &id, sel).await?;
     // And the waits of its sub-agent sessions, with their paths.
+    let opts = options(sel);
     let roles = opts.roles.unwrap_or(Roles::ALL);
     waiting.extend(children::waits_below(store.as_ref(), &id, &opts, roles).await?);
     if out.json {
@@ -444,15 +473,7 @@ pub async fn pending(session: &str, sel: &StoreSel, out: Output) -> anyhow::Resu
         } else {
             format!(" in {}", p.path.join(" > "))
         };
-        out::line(&format!(
-            "{}  {} ({}){path} waits for {}{}\n  $ {}",
-            p.token,
-            p.tool,
-            p.call,
-            p.waiting_for.map(waiting_for_text).unwrap_or("?"),
-            p.reason.map(|r| format!(": {r}")).unwrap_or_default(),
-            p.command
-        ));
+        out::line(&wait_line(&p, &path));
     }
     Ok(ExitCode::SUCCESS)
 }

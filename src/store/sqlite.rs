@@ -359,6 +359,29 @@ impl SqliteStore {
     }
 }
 
+/// The rows of five columns a query read.
+type FiveColumns<A, B, C, D, E> = rusqlite::Result<Vec<(A, B, C, D, E)>>;
+
+/// The rows of a query of five columns, as tuples.
+fn five_columns<A, B, C, D, E>(
+    c: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> FiveColumns<A, B, C, D, E>
+where
+    A: rusqlite::types::FromSql,
+    B: rusqlite::types::FromSql,
+    C: rusqlite::types::FromSql,
+    D: rusqlite::types::FromSql,
+    E: rusqlite::types::FromSql,
+{
+    let mut stmt = c.prepare(sql)?;
+    let rows = stmt.query_map(params, |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })?;
+    rows.collect()
+}
+
 fn busy_timeout_from_env() -> Duration {
     std::env::var("AGENTS_STORE_BUSY_TIMEOUT_MS")
         .ok()
@@ -574,15 +597,11 @@ impl SqliteStore {
 
     pub async fn list_sessions(&self) -> StoreResult<Vec<SessionSummary>> {
         let rows: Vec<(String, String, bool, i64, i64)> = self.with(|c| {
-            let mut stmt = c.prepare(
+            five_columns(
+                c,
                 "SELECT id, phase, paused, pending, updated_at FROM sessions ORDER BY created_at, id",
-            )?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
+                [],
+            )
         })?;
         rows.into_iter()
             .map(|(id, phase, paused, pending, updated_at)| {

@@ -14,12 +14,11 @@ use agents::api::Session;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::http::{Response, Server};
+use support::fork::{assert_each_key_once, assert_tree_shows_fork_f, keyed_tool_server, Keys};
+use support::http::Server;
 use support::launcher::Operator;
 use support::{apply, kubectl_ok, wait_until, BUSYBOX_IMAGE};
 
@@ -27,31 +26,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_agents");
 /// Over the status's inline limit for a result (16 KiB): it spills.
 const BIG: usize = 20_000;
 
-/// Requests by `Idempotency-Key`: the path and how many times.
-type Keys = Arc<Mutex<BTreeMap<String, (String, usize)>>>;
-
 fn tool_server() -> (Server, Keys) {
-    let keys: Keys = Default::default();
-    let counted = keys.clone();
-    let server = Server::start(move |req| {
-        let key = req.header("idempotency-key").unwrap_or("").to_string();
-        counted
-            .lock()
-            .unwrap()
-            .entry(key)
-            .or_insert((req.path.clone(), 0))
-            .1 += 1;
-        let pad = if req.path == "/big" {
+    keyed_tool_server(|path| {
+        let pad = if path == "/big" {
             "x".repeat(BIG)
         } else {
             String::new()
         };
-        Response::json(
-            200,
-            format!("{{\"path\":\"{}\",\"pad\":\"{pad}END\"}}", req.path),
-        )
-    });
-    (server, keys)
+        format!("{{\"path\":\"{path}\",\"pad\":\"{pad}END\"}}")
+    })
 }
 
 fn manifests(base: &str) -> String {
@@ -254,10 +237,7 @@ async fn a_fork_runs_only_what_comes_after_its_turn_and_never_changes_its_source
     let (key, (path, n)) = new[0];
     assert_eq!((path.as_str(), *n), ("/after", 1), "{after:?}");
     assert!(key.contains(&fork_uid) && key.ends_with("/t2-c0"), "{key}");
-    assert!(
-        after.iter().all(|(_, (_, n))| *n == 1),
-        "no key twice: {after:?}"
-    );
+    assert_each_key_once(&after);
     assert_eq!(jobs(&ns.name), 1, "the fork ran no Job");
     let now = get(&client, &ns.name, "src")
         .await
@@ -283,10 +263,7 @@ async fn a_fork_runs_only_what_comes_after_its_turn_and_never_changes_its_source
         Some("src")
     );
     let tree = agents_ok(&ns.name, &["session", "tree", "src"]);
-    assert!(
-        tree.contains("fork f [Succeeded]") && tree.contains("forked at turn 1"),
-        "{tree}"
-    );
+    assert_tree_shows_fork_f(&tree);
 
     a_missing_source_is_a_condition(&client, &ns.name).await;
     the_fork_outlives_its_source(&ns.name, &fork_uid).await;

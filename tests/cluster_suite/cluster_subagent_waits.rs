@@ -15,7 +15,8 @@ use kube::api::Api;
 use serde_json::{json, Value};
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::http::{Response, Server};
+use support::chat::{calling, first_text, reply, saying};
+use support::http::Server;
 use support::{apply, launcher, wait_until, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
@@ -28,35 +29,21 @@ fn model() -> Server {
     Server::start(move |req| {
         let body = req.json();
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
-        let system = messages
-            .iter()
-            .find(|m| m["role"] == "system")
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or("")
-            .to_string();
-        let result = messages
-            .iter()
-            .find(|m| m["role"] == "tool")
-            .and_then(|m| m["content"].as_str())
-            .map(str::to_string);
+        let system = first_text(&messages, "system").unwrap_or_default();
+        let result = first_text(&messages, "tool");
         let call = |tool: &str, args: Value| {
-            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call0", "type": "function",
-                "function": {"name": tool, "arguments": args.to_string()}}]})
+            calling(json!([{"id": "call0", "type": "function",
+                "function": {"name": tool, "arguments": args.to_string()}}]))
         };
         let message = match (system.as_str(), result) {
             ("top", None) => call("mid", json!({"prompt": "plan the release"})),
             ("mid", None) => call("guarded", json!({"prompt": "ship it"})),
             ("guarded", None) => call("deploy", json!({"to": "prod"})),
             ("boss", None) => call("waits", json!({"prompt": "wait for a number"})),
-            (_, Some(r)) => json!({"role": "assistant", "content": format!("{system} saw [{r}]")}),
-            (_, None) => json!({"role": "assistant", "content": "?"}),
+            (_, Some(r)) => saying(format!("{system} saw [{r}]")),
+            (_, None) => saying("?"),
         };
-        Response::json(
-            200,
-            json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS}})
-            .to_string(),
-        )
+        reply(message, PROMPT_TOKENS, COMPLETION_TOKENS)
     })
 }
 

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::chat::{calling, first_text, reply, saying};
 use support::http::{Request, Response, Server};
 use support::{apply, launcher, wait_until, TestNamespace};
 
@@ -60,18 +61,8 @@ pub(crate) fn model(seen: Seen) -> Server {
 fn model_reply(req: &Request, turns: &Turns) -> Response {
     let body = req.json();
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    let system = messages
-        .iter()
-        .find(|m| m["role"] == "system")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_string();
-    let first = messages
-        .iter()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("?")
-        .to_string();
+    let system = first_text(&messages, "system").unwrap_or_default();
+    let first = first_text(&messages, "user").unwrap_or_else(|| "?".into());
     let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
     *turns
         .lock()
@@ -99,27 +90,14 @@ fn model_reply(req: &Request, turns: &Turns) -> Response {
         .filter_map(|m| m["content"].as_str().map(str::to_string))
         .collect();
     let message = match (system.as_str(), turn) {
-        ("planner", 0) => {
-            json!({"role": "assistant", "content": null, "tool_calls": calls("researcher", 3)})
-        }
-        ("boss", 0) => {
-            json!({"role": "assistant", "content": null, "tool_calls": calls("waits", 1)})
-        }
-        ("researcher", 0) => {
-            json!({"role": "assistant", "content": null, "tool_calls": calls("leaf", 2)})
-        }
-        ("leaf", 0) => json!({"role": "assistant", "content": null, "tool_calls": [effect]}),
-        ("leaf", _) => json!({"role": "assistant", "content": format!("leaf {first}")}),
-        _ => {
-            json!({"role": "assistant", "content": format!("{first} [{}]", results.join(" | "))})
-        }
+        ("planner", 0) => calling(calls("researcher", 3)),
+        ("boss", 0) => calling(calls("waits", 1)),
+        ("researcher", 0) => calling(calls("leaf", 2)),
+        ("leaf", 0) => calling(json!([effect])),
+        ("leaf", _) => saying(format!("leaf {first}")),
+        _ => saying(format!("{first} [{}]", results.join(" | "))),
     };
-    Response::json(
-        200,
-        json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
-        .to_string(),
-    )
+    reply(message, 10, 5)
 }
 
 /// The planner, researcher and leaf Agents at the fake on `port`, each

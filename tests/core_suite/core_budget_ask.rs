@@ -3,44 +3,17 @@
 //! spend and the limit); an approval with a raise is kept, so the same
 //! limit asks again only at the new bound; a denial fails the session.
 
+use crate::core_budget_session::*;
 use agents::core::budget::{Budget, LimitKind, OnExceed, Raise};
 use agents::core::session::ToolInfo;
 use agents::core::*;
 use std::collections::BTreeMap;
 
-const T0: Millis = Millis(1_700_000_000_000);
-
 fn asking(budget: Budget) -> SessionConfig {
-    let mut tools = BTreeMap::new();
-    tools.insert("lookup".to_string(), ToolInfo::default());
-    SessionConfig {
-        tools,
-        budget: Budget {
-            on_exceed: OnExceed::Ask,
-            ..budget
-        },
-        ..SessionConfig::default()
-    }
-}
-
-fn drain(s: &mut Session) -> Vec<Action> {
-    std::iter::from_fn(|| s.poll_action()).collect()
-}
-
-fn calls_model(actions: &[Action]) -> bool {
-    actions
-        .iter()
-        .any(|a| matches!(a, Action::CallModel { .. }))
-}
-
-fn tool_runs(actions: &[Action]) -> Vec<CallId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::RunTool { call, .. } => Some(*call),
-            _ => None,
-        })
-        .collect()
+    with_lookup(Budget {
+        on_exceed: OnExceed::Ask,
+        ..budget
+    })
 }
 
 /// The budget question the actions make, if any.
@@ -49,48 +22,6 @@ fn question(actions: &[Action]) -> Option<&agents::core::session::ContinuationSp
         Action::EnsureContinuation(spec) if spec.waiting_for == WaitingFor::Budget => Some(spec),
         _ => None,
     })
-}
-
-fn started(config: SessionConfig) -> Session {
-    let mut s = Session::new(SessionId("demo".into()), config);
-    let text = "go".to_string();
-    s.handle(Event::UserMessage { text }, T0).unwrap();
-    assert!(calls_model(&drain(&mut s)));
-    s
-}
-
-/// The model asks for `calls` lookups, having used `tokens` tokens.
-fn reply(s: &mut Session, calls: usize, tokens: u64) -> Vec<Action> {
-    let tool_calls = (0..calls)
-        .map(|i| ToolCall {
-            model_call_id: format!("m-{i}"),
-            name: "lookup".into(),
-            arguments: "{}".into(),
-        })
-        .collect();
-    let usage = TokenUsage {
-        prompt_tokens: tokens,
-        ..TokenUsage::default()
-    };
-    let turn = AgentTurn {
-        text: (calls == 0).then(|| "done".to_string()),
-        tool_calls,
-        usage,
-        asked_at: None,
-        replied_at: None,
-    };
-    s.handle(Event::ModelReplied { turn }, T0).unwrap();
-    drain(s)
-}
-
-fn finish(s: &mut Session, call: CallId) -> Vec<Action> {
-    let event = Event::ToolFinished {
-        call,
-        result: ToolResult::text("ok"),
-        from_cache: false,
-    };
-    s.handle(event, T0).unwrap();
-    drain(s)
 }
 
 fn decide(s: &mut Session, token: &ContinuationToken, approved: bool, raise: Raise) -> Handled {
@@ -117,7 +48,10 @@ fn asked_at_the_limit() -> (Session, ContinuationToken) {
         tokens: Some(100),
         ..Budget::default()
     }));
-    assert_eq!(tool_runs(&reply(&mut s, 1, 100)), vec![CallId::new(1, 0)]);
+    assert_eq!(
+        tool_runs(&reply(&mut s, 1, 100, 0)),
+        vec![CallId::new(1, 0)]
+    );
     let actions = finish(&mut s, CallId::new(1, 0));
     assert!(
         !calls_model(&actions),
@@ -186,11 +120,14 @@ fn ask_waits_for_a_person_and_an_approval_raises_the_limit_once() {
     assert_eq!(s.state().budget_raise.tokens, Some(300));
 
     // Below the new bound nothing asks; at it, a new question is asked.
-    assert_eq!(tool_runs(&reply(&mut s, 1, 150)), vec![CallId::new(2, 0)]);
+    assert_eq!(
+        tool_runs(&reply(&mut s, 1, 150, 0)),
+        vec![CallId::new(2, 0)]
+    );
     let actions = finish(&mut s, CallId::new(2, 0));
     assert!(calls_model(&actions), "250 of 300: the model is called");
     assert!(question(&actions).is_none());
-    assert_eq!(tool_runs(&reply(&mut s, 1, 50)), vec![CallId::new(3, 0)]);
+    assert_eq!(tool_runs(&reply(&mut s, 1, 50, 0)), vec![CallId::new(3, 0)]);
     let actions = finish(&mut s, CallId::new(3, 0));
     assert!(!calls_model(&actions));
     let next = question(&actions).expect("asked again at the new bound");
@@ -236,7 +173,7 @@ fn a_tool_call_limit_asks_before_the_run_past_it() {
         tool_calls: Some(1),
         ..Budget::default()
     }));
-    let actions = reply(&mut s, 2, 10);
+    let actions = reply(&mut s, 2, 10, 0);
     assert_eq!(
         tool_runs(&actions),
         vec![CallId::new(1, 0)],

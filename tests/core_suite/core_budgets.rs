@@ -2,26 +2,19 @@
 //! the limits on tokens, cost and tool calls are checked before each model
 //! call and each tool run, with `onExceed: fail` and `pause`.
 
+use crate::core_budget_session::*;
 use agents::core::budget::{Budget, LimitKind, OnExceed, Pricing};
-use agents::core::session::ToolInfo;
 use agents::core::*;
-use std::collections::BTreeMap;
-
-const T0: Millis = Millis(1_700_000_000_000);
 
 fn config(budget: Budget) -> SessionConfig {
-    let mut tools = BTreeMap::new();
-    tools.insert("lookup".to_string(), ToolInfo::default());
     SessionConfig {
-        tools,
-        budget,
         pricing: Some(Pricing {
             input_micros_per_mtok: 2_000_000,
             output_micros_per_mtok: 10_000_000,
             cached_input_micros_per_mtok: None,
             currency: "USD".into(),
         }),
-        ..SessionConfig::default()
+        ..with_lookup(budget)
     }
 }
 
@@ -31,71 +24,6 @@ fn tokens(limit: u64, on_exceed: OnExceed) -> Budget {
         on_exceed,
         ..Budget::default()
     }
-}
-
-fn drain(s: &mut Session) -> Vec<Action> {
-    std::iter::from_fn(|| s.poll_action()).collect()
-}
-
-fn calls_model(actions: &[Action]) -> bool {
-    actions
-        .iter()
-        .any(|a| matches!(a, Action::CallModel { .. }))
-}
-
-fn tool_runs(actions: &[Action]) -> Vec<CallId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::RunTool { call, .. } => Some(*call),
-            _ => None,
-        })
-        .collect()
-}
-
-fn started(config: SessionConfig) -> Session {
-    let mut s = Session::new(SessionId("demo".into()), config);
-    let text = "go".to_string();
-    s.handle(Event::UserMessage { text }, T0).unwrap();
-    assert!(calls_model(&drain(&mut s)));
-    s
-}
-
-/// The model asks for `calls` lookups, having used `prompt` + `completion` tokens.
-fn reply(s: &mut Session, calls: usize, prompt: u64, completion: u64) -> Vec<Action> {
-    let tool_calls = (0..calls)
-        .map(|i| ToolCall {
-            model_call_id: format!("m-{i}"),
-            name: "lookup".into(),
-            arguments: "{}".into(),
-        })
-        .collect();
-    let usage = TokenUsage {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        ..TokenUsage::default()
-    };
-    let text = (calls == 0).then(|| "done".to_string());
-    let turn = AgentTurn {
-        text,
-        tool_calls,
-        usage,
-        asked_at: None,
-        replied_at: None,
-    };
-    s.handle(Event::ModelReplied { turn }, T0).unwrap();
-    drain(s)
-}
-
-fn finish(s: &mut Session, call: CallId) -> Vec<Action> {
-    let result = ToolResult::text("ok");
-    let event = Event::ToolFinished {
-        call,
-        result,
-        from_cache: false,
-    };
-    s.handle(event, T0).unwrap();
-    drain(s)
 }
 
 #[test]

@@ -8,50 +8,9 @@ use crate::support;
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::http::{Request, Response, Server};
+use support::budgets::{asking_session_yaml, echo_twice_model};
+use support::http::Server;
 use support::scratch::*;
-
-/// Asks for one `echo` call a turn for two turns, then answers "done";
-/// every turn reports 700 tokens (600 prompt, 100 completion).
-fn model() -> (Server, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let server = Server::start(move |_req: &Request| {
-        let n = seen.fetch_add(1, Ordering::SeqCst);
-        let message = if n < 2 {
-            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": format!("c{n}"), "type": "function",
-                 "function": {"name": "echo", "arguments": "{\"n\":1}"}}]})
-        } else {
-            serde_json::json!({"role": "assistant", "content": "done"})
-        };
-        let body = serde_json::json!({
-            "choices": [{"index": 0, "message": message}],
-            "usage": {"prompt_tokens": 600, "completion_tokens": 100}
-        });
-        Response::json(200, body.to_string())
-    });
-    (server, calls)
-}
-
-fn definition(model: u16) -> String {
-    format!(
-        r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Session
-metadata: {{name: spend}}
-spec:
-  messages: ["echo twice"]
-  limits: {{tokens: 1000, onExceed: ask}}
-  agent:
-    model:
-      provider: openai
-      openai: {{baseUrl: "http://127.0.0.1:{model}/v1", model: test}}
-    tools:
-      - {{name: echo, builtin: {{function: echo}}}}
-"#
-    )
-}
 
 fn shown(s: &Scratch) -> Value {
     let out = s.run(&["session", "show", "spend", "-o", "json"]);
@@ -62,9 +21,9 @@ fn shown(s: &Scratch) -> Value {
 /// Runs the session to its question: turn 2 ends at 1400 of 1000 tokens,
 /// so its tool run does not start, and a person is asked.
 fn asked(name: &str) -> (Scratch, Server, Arc<AtomicUsize>) {
-    let (model, calls) = model();
+    let (model, calls) = echo_twice_model();
     let s = Scratch::new(name);
-    let file = s.write("spend.yaml", &definition(model.port));
+    let file = s.write("spend.yaml", &asking_session_yaml("spend", &model));
     let run = s.run(&["run", "-f", &file.display().to_string()]);
     let all = format!("{}{}", run.stdout, run.stderr);
     assert!(

@@ -5,24 +5,12 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use support::http::{Response, Server};
+use support::fork::{assert_each_key_once, assert_tree_shows_fork_f, keyed_tool_server, Keys};
+use support::http::Server;
 use support::scratch::*;
 
-/// Requests by `Idempotency-Key`, each with its path.
-type Keys = Arc<Mutex<BTreeMap<String, (String, usize)>>>;
-
 fn tool_server() -> (Server, Keys) {
-    let keys: Keys = Default::default();
-    let counted = keys.clone();
-    let server = Server::start(move |req| {
-        let key = req.header("idempotency-key").unwrap_or("").to_string();
-        let mut keys = counted.lock().unwrap();
-        keys.entry(key).or_insert((req.path.clone(), 0)).1 += 1;
-        Response::json(200, format!("{{\"path\":\"{}\"}}", req.path))
-    });
-    (server, keys)
+    keyed_tool_server(|path| format!("{{\"path\":\"{path}\"}}"))
 }
 
 /// Turn 1: `fetch /a` now and `ask` a person; turn 2: `fetch /b`; then done.
@@ -108,16 +96,12 @@ fn a_fork_runs_only_what_comes_after_its_turn_and_leaves_the_source_alone() {
     ]);
     assert!(fork.ok().contains("answer: done"), "{}", fork.stdout);
     let keys = keys.lock().unwrap().clone();
-    let paths: Vec<(&str, usize)> = keys.values().map(|(p, n)| (p.as_str(), *n)).collect();
     assert_eq!(
         keys.len(),
         3,
         "src's /a and /b, and the fork's /b: {keys:?}"
     );
-    assert!(
-        paths.iter().all(|(_, n)| *n == 1),
-        "each key once: {keys:?}"
-    );
+    assert_each_key_once(&keys);
     let fork_keys: Vec<_> = keys.iter().filter(|(_, (p, _))| p == "/a").collect();
     assert_eq!(fork_keys.len(), 1, "/a ran only for the source: {keys:?}");
     let b: Vec<&String> = keys
@@ -153,10 +137,7 @@ fn a_fork_runs_only_what_comes_after_its_turn_and_leaves_the_source_alone() {
 
     let tree = s.run(&["session", "tree", "src"]);
     let text = tree.ok();
-    assert!(
-        text.contains("fork f [Succeeded]") && text.contains("forked at turn 1"),
-        "{text}"
-    );
+    assert_tree_shows_fork_f(text);
     assert!(text.contains("fork early [Waiting]"), "{text}");
 }
 

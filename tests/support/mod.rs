@@ -13,7 +13,10 @@
 #![allow(dead_code)]
 
 pub mod anthropic;
+pub mod budgets;
+pub mod chat;
 pub mod fake;
+pub mod fork;
 pub mod http;
 pub mod launcher;
 pub mod mcp;

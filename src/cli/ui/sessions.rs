@@ -254,23 +254,10 @@ fn sessions_table(found: &Scanned<Session>, f: &SessionFilter, limit: u32) -> St
 mod tests {
     use super::super::tests::q;
     use super::*;
-    use crate::api::session::{AgentRef, SessionSpec, SessionStatus};
+    use crate::api::session::{SessionSpec, SessionStatus};
 
     fn session(agent: &str, phase: SessionPhase, waiting: Option<WaitingForName>) -> Session {
-        let mut s = Session::new(
-            "s",
-            SessionSpec {
-                agent_ref: Some(AgentRef { name: agent.into() }),
-                agent: None,
-                messages: vec![],
-                paused: false,
-                limits: None,
-                retry: None,
-                ttl_seconds_after_finished: None,
-                parent: None,
-                fork_from: None,
-            },
-        );
+        let mut s = Session::new("s", SessionSpec::referring_to(agent));
         s.status = Some(SessionStatus {
             phase,
             waiting_for: waiting,

@@ -66,10 +66,7 @@ async fn a_quick_background_run_is_taken_in_the_step_that_started_it() {
         ..Runs::default()
     };
     let (outcome, writes) = flow_with(&quick).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     // The model's claim, the reply with the calls' claims, the results
     // with the next claim, the answer: no write records the wait.
     assert_eq!(writes, 4);

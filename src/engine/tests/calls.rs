@@ -29,10 +29,7 @@ async fn cached_twice(disposition: crate::core::Disposition, ran: &str) -> MemSt
     cached.decorators.cache = true;
     rt.config.policy.rules.push(cached);
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let runs = tools.runs.lock().unwrap().clone();
     assert_eq!(
         runs.values().sum::<u32>(),
@@ -64,10 +61,7 @@ async fn a_failed_attempt_is_retried_after_its_backoff_then_recorded() {
     retried.decorators.retries = 1;
     rt.config.policy.rules.push(retried);
     let outcome = run_to_end(&p, &rt, &clock, 6).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let runs = tools.runs.lock().unwrap().clone();
     assert_eq!(
         runs.values().copied().collect::<Vec<_>>(),
@@ -93,10 +87,7 @@ async fn a_deferred_call_past_its_timeout_tells_the_model() {
     timed.decorators.timeout_seconds = Some(30);
     rt.config.policy.rules.push(timed);
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     assert!(
         clock.now().0 >= 31_000,
         "woke at the timeout: {:?}",
@@ -152,10 +143,7 @@ async fn a_tool_without_a_timeout_gets_the_drivers_default() {
         .rules
         .push(rule("later", crate::core::Disposition::RunAsync));
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let given = tools.timeouts.lock().unwrap().clone();
     assert_eq!(given, vec![std::time::Duration::from_secs(42); 2]);
 }

@@ -213,6 +213,28 @@ async fn a_step_with_nothing_to_do_writes_nothing() {
     assert!(store.state().turns.len() >= 2);
 }
 
+/// Steps once: the store refuses the step's state with an error `refusal`
+/// accepts.
+async fn step_is_refused(p: &Ports<'_>, holder: &Holder, refusal: fn(&StoreError) -> bool) {
+    let refused = step(p, &id(), &runtime(), holder, Roles::ALL).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Store(e)) if refusal(e)),
+        "{refused:?}"
+    );
+}
+
+/// Steps again: the session is found failed.
+async fn next_step_finds_it_failed(p: &Ports<'_>, holder: &Holder) {
+    let report = step(p, &id(), &runtime(), holder, Roles::ALL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.outcome, StepOutcome::Failed { .. }),
+        "{:?}",
+        report.outcome
+    );
+}
+
 #[tokio::test]
 async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
     let mut store = MemStore::with_session(&["hi"]);
@@ -221,27 +243,13 @@ async fn a_state_too_large_to_store_fails_the_session_and_asks_nothing_again() {
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let p = ports(&store, &model, &tools, &clock);
     let holder = Holder::named("h");
-    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
-    assert!(
-        matches!(
-            refused,
-            Err(EngineError::Store(StoreError::TooLarge { .. }))
-        ),
-        "{refused:?}"
-    );
+    step_is_refused(&p, &holder, |e| matches!(e, StoreError::TooLarge { .. })).await;
     let stored = store.state();
     assert_eq!(stored.phase, crate::core::Phase::Failed);
     let why = stored.failure.unwrap();
     assert!(why.contains("outgrew its store"), "{why}");
     // The next step finds it failed: the model is not asked again.
-    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
-        .await
-        .unwrap();
-    assert!(
-        matches!(report.outcome, StepOutcome::Failed { .. }),
-        "{:?}",
-        report.outcome
-    );
+    next_step_finds_it_failed(&p, &holder).await;
     assert_eq!(model.calls(), 1);
 }
 
@@ -256,11 +264,7 @@ async fn a_state_the_store_refuses_fails_the_session_and_runs_nothing_again() {
     let holder = Holder::named("h");
     // The claim and the reply commit; the checkpoint after the tool run is refused.
     store.inject([Fault::Pass, Fault::Pass, Fault::Refused]);
-    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
-    assert!(
-        matches!(refused, Err(EngineError::Store(StoreError::Refused { .. }))),
-        "{refused:?}"
-    );
+    step_is_refused(&p, &holder, |e| matches!(e, StoreError::Refused { .. })).await;
     let stored = store.state();
     assert_eq!(stored.phase, crate::core::Phase::Failed);
     let why = stored.failure.unwrap();
@@ -269,14 +273,7 @@ async fn a_state_the_store_refuses_fails_the_session_and_runs_nothing_again() {
             && why.contains("kubectl apply -f crds/"),
         "{why}"
     );
-    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
-        .await
-        .unwrap();
-    assert!(
-        matches!(report.outcome, StepOutcome::Failed { .. }),
-        "{:?}",
-        report.outcome
-    );
+    next_step_finds_it_failed(&p, &holder).await;
     assert_eq!(
         tools.runs.lock().unwrap().values().sum::<u32>(),
         1,
@@ -296,28 +293,14 @@ async fn a_message_too_large_to_store_is_taken_once() {
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let p = ports(&store, &model, &tools, &clock);
     let holder = Holder::named("h");
-    let refused = step(&p, &id(), &runtime(), &holder, Roles::ALL).await;
-    assert!(
-        matches!(
-            refused,
-            Err(EngineError::Store(StoreError::TooLarge { .. }))
-        ),
-        "{refused:?}"
-    );
+    step_is_refused(&p, &holder, |e| matches!(e, StoreError::TooLarge { .. })).await;
     let stored = store.state();
     assert_eq!(
         (stored.phase, stored.messages_taken),
         (crate::core::Phase::Failed, 1)
     );
     let saves = store.saves.load(Ordering::SeqCst);
-    let report = step(&p, &id(), &runtime(), &holder, Roles::ALL)
-        .await
-        .unwrap();
-    assert!(
-        matches!(report.outcome, StepOutcome::Failed { .. }),
-        "{:?}",
-        report.outcome
-    );
+    next_step_finds_it_failed(&p, &holder).await;
     assert_eq!(
         store.saves.load(Ordering::SeqCst),
         saves,

@@ -50,6 +50,34 @@ impl RunnerPort for Children {
     }
 }
 
+impl Children {
+    /// The `traceparent` the first child was made with.
+    fn first_traceparent(&self) -> crate::ports::TraceContext {
+        let given = self.traceparents.lock().unwrap()[0].clone();
+        crate::ports::TraceContext::parse(&given.expect("a traceparent")).unwrap()
+    }
+}
+
+/// A session whose model asks the `researcher` sub-agent to "dig", then
+/// answers "done".
+fn asks_the_researcher_to_dig() -> (MemStore, Script) {
+    let store = MemStore::with_session(&["hi"]);
+    let mut ask = calls(&["researcher"]);
+    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
+    (store, Script::new(vec![ask, text("done")]))
+}
+
+/// The spans of the `researcher` calls among `steps`.
+fn researcher_spans(
+    steps: &[crate::ports::trace::StepTrace],
+) -> Vec<&crate::ports::trace::ToolSpan> {
+    steps
+        .iter()
+        .flat_map(|s| &s.tools)
+        .filter(|t| t.tool == "researcher")
+        .collect()
+}
+
 /// What each child spent, as the runner reports it once the child ended.
 const CHILD_USAGE: crate::core::TokenUsage = crate::core::TokenUsage {
     prompt_tokens: 100,
@@ -60,10 +88,7 @@ const CHILD_USAGE: crate::core::TokenUsage = crate::core::TokenUsage {
 
 #[tokio::test]
 async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name() {
-    let store = MemStore::with_session(&["hi"]);
-    let mut ask = calls(&["researcher"]);
-    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
-    let model = Script::new(vec![ask, text("done")]);
+    let (store, model) = asks_the_researcher_to_dig();
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let children = Children {
         steps_running: AtomicUsize::new(1),
@@ -71,16 +96,7 @@ async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name(
     };
     let mut p = ports(&store, &model, &tools, &clock);
     p.runner = &children;
-    let mut rt = runtime();
-    rt.config.tools.insert(
-        "researcher".into(),
-        ToolInfo {
-            container: None,
-            sub_agent: Some("researcher".into()),
-            unknown_outcome: None,
-        },
-    );
-    let holder = Holder::named("h");
+    let (rt, holder) = (with_researcher(runtime()), Holder::named("h"));
     let first = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
     assert!(
         matches!(first.outcome, StepOutcome::Waiting { .. }),
@@ -88,10 +104,7 @@ async fn a_childs_answer_is_the_calls_result_and_the_child_is_asked_for_by_name(
         first.outcome
     );
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let seen = children.seen.lock().unwrap().clone();
     assert_eq!(seen[0], ("s-t1-c0".to_string(), "dig".to_string(), 1));
     assert!(seen.iter().all(|s| s == &seen[0]), "one child: {seen:?}");
@@ -150,29 +163,18 @@ fn with_researcher(mut rt: AgentRuntime) -> AgentRuntime {
 /// parent exports for the child's answer has exactly that id.
 #[tokio::test]
 async fn a_child_is_made_under_the_span_of_its_call() {
-    let store = MemStore::with_session(&["hi"]);
-    let mut ask = calls(&["researcher"]);
-    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
-    let model = Script::new(vec![ask, text("done")]);
+    let (store, model) = asks_the_researcher_to_dig();
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let (children, traces) = (Children::default(), Traces::default());
     let mut p = ports(&store, &model, &tools, &clock);
     p.runner = &children;
     p.tracer = &traces;
     let outcome = run_to_end(&p, &with_researcher(runtime()), &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
-    let given = children.traceparents.lock().unwrap()[0].clone();
-    let given = crate::ports::TraceContext::parse(&given.expect("a traceparent")).unwrap();
+    assert_succeeded(&outcome);
+    let given = children.first_traceparent();
     let steps = traces.steps.lock().unwrap().clone();
     assert!(steps.iter().all(|s| s.context.trace_id == given.trace_id));
-    let call_spans: Vec<_> = steps
-        .iter()
-        .flat_map(|s| &s.tools)
-        .filter(|t| t.tool == "researcher")
-        .collect();
+    let call_spans = researcher_spans(&steps);
     assert_eq!(call_spans.len(), 1, "{call_spans:?}");
     assert_eq!(call_spans[0].span_id, Some(given.span_id));
     assert!(
@@ -195,10 +197,7 @@ async fn a_childs_steps_go_under_its_parents_call_span() {
     let mut rt = runtime();
     rt.config.lineage.trace_parent = Some(parent.into());
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let parent = crate::ports::TraceContext::parse(parent).unwrap();
     let steps = traces.steps.lock().unwrap().clone();
     assert!(!steps.is_empty());
@@ -215,10 +214,7 @@ async fn a_childs_steps_go_under_its_parents_call_span() {
 /// under it.
 #[tokio::test]
 async fn a_childs_answer_read_from_the_calls_continuation_has_the_span_its_child_was_given() {
-    let store = MemStore::with_session(&["hi"]);
-    let mut ask = calls(&["researcher"]);
-    ask.tool_calls[0].arguments = r#"{"prompt":"dig"}"#.into();
-    let model = Script::new(vec![ask, text("done")]);
+    let (store, model) = asks_the_researcher_to_dig();
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let children = Children {
         steps_running: AtomicUsize::new(usize::MAX),
@@ -231,8 +227,7 @@ async fn a_childs_answer_read_from_the_calls_continuation_has_the_span_its_child
     let (rt, holder) = (with_researcher(runtime()), Holder::named("h"));
     let first = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
     assert!(matches!(first.outcome, StepOutcome::Waiting { .. }));
-    let given = children.traceparents.lock().unwrap()[0].clone();
-    let given = crate::ports::TraceContext::parse(&given.expect("a traceparent")).unwrap();
+    let given = children.first_traceparent();
 
     let token = store.state().pending()[0].token().unwrap().clone();
     store
@@ -246,20 +241,13 @@ async fn a_childs_answer_read_from_the_calls_continuation_has_the_span_its_child
         .unwrap();
     clock.advance(5_000);
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     assert_eq!(
         first_result(&store),
         Some(ToolResult::text("from the continuation"))
     );
     let steps = traces.steps.lock().unwrap().clone();
-    let call_spans: Vec<_> = steps
-        .iter()
-        .flat_map(|s| &s.tools)
-        .filter(|t| t.tool == "researcher")
-        .collect();
+    let call_spans = researcher_spans(&steps);
     assert_eq!(call_spans.len(), 1, "{call_spans:?}");
     // Taken from the Continuation (the engine wrote it there), not run.
     let replayed = crate::ports::trace::ResultSource::Replayed;

@@ -34,10 +34,7 @@ async fn a_call_that_becomes_an_mcp_task_is_polled_at_its_interval_and_runs_once
         "no write while it works"
     );
     let outcome = run_to_end(&p, &runtime(), &clock, 4).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     assert_eq!(
         first_result(&store),
         Some(ToolResult::text("the long task's answer"))
@@ -113,10 +110,7 @@ async fn an_mcp_task_past_its_timeout_is_cancelled_and_the_model_told() {
     timed.decorators.timeout_seconds = Some(10);
     rt.config.policy.rules.push(timed);
     let outcome = run_to_end(&p, &rt, &clock, 10).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     let told = first_result(&store).expect("the model was told");
     assert!(
         told.to_model_text()
@@ -145,10 +139,7 @@ async fn a_background_call_that_becomes_an_mcp_task_waits_on_it() {
         .rules
         .push(rule("long", crate::core::Disposition::RunAsync));
     let outcome = run_to_end(&p, &rt, &clock, 6).await;
-    assert!(
-        matches!(outcome, StepOutcome::Succeeded { .. }),
-        "{outcome:?}"
-    );
+    assert_succeeded(&outcome);
     assert_eq!(
         first_result(&store),
         Some(ToolResult::text("the long task's answer"))

@@ -91,6 +91,27 @@ fn now_nanos() -> u32 {
 
 /// A session with history, an open turn and a deferred call.
 fn waiting_session() -> (SessionState, Vec<ContinuationSpec>) {
+    let turn = AgentTurn {
+        text: Some("asking".into()),
+        tool_calls: vec![ToolCall {
+            model_call_id: "m1".into(),
+            name: "ask".into(),
+            arguments: r#"{"q":"x"}"#.into(),
+        }],
+        usage: Default::default(),
+        ..Default::default()
+    };
+    let (s, specs) = asking_session("s1", Default::default(), turn);
+    (s.into_state(), specs)
+}
+
+/// Session `id`, whose model answered "hi" with `turn`; its `ask` calls
+/// wait for a person, with `decorators`. With the continuations it asks for.
+fn asking_session(
+    id: &str,
+    decorators: crate::core::Decorators,
+    turn: AgentTurn,
+) -> (Session, Vec<ContinuationSpec>) {
     let config = SessionConfig {
         policy: Policy {
             rules: vec![Rule {
@@ -98,38 +119,23 @@ fn waiting_session() -> (SessionState, Vec<ContinuationSpec>) {
                 disposition: Disposition::Defer {
                     reason: "a person".into(),
                 },
-                decorators: Default::default(),
+                decorators,
             }],
             ..Default::default()
         },
         ..Default::default()
     };
-    let mut s = Session::new(SessionId("s1".into()), config);
+    let mut s = Session::new(SessionId(id.into()), config);
     s.handle(Event::UserMessage { text: "hi".into() }, Millis(1))
         .unwrap();
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                text: Some("asking".into()),
-                tool_calls: vec![ToolCall {
-                    model_call_id: "m1".into(),
-                    name: "ask".into(),
-                    arguments: r#"{"q":"x"}"#.into(),
-                }],
-                usage: Default::default(),
-                ..Default::default()
-            },
-        },
-        Millis(2),
-    )
-    .unwrap();
+    s.handle(Event::ModelReplied { turn }, Millis(2)).unwrap();
     let specs = std::iter::from_fn(|| s.poll_action())
         .filter_map(|a| match a {
             Action::EnsureContinuation(c) => Some(c),
             _ => None,
         })
         .collect();
-    (s.into_state(), specs)
+    (s, specs)
 }
 
 use crate::core::Action;
@@ -301,49 +307,22 @@ fn a_store_from_a_newer_build_is_refused() {
 /// A session whose model asks `ask` three times; each call waits for
 /// an approval (and then for a person).
 fn approval_session() -> (Session, Vec<ContinuationSpec>) {
-    let config = SessionConfig {
-        policy: Policy {
-            rules: vec![Rule {
-                tool: "ask".into(),
-                disposition: Disposition::Defer {
-                    reason: "a person".into(),
-                },
-                decorators: crate::core::Decorators {
-                    approval: true,
-                    ..Default::default()
-                },
-            }],
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let mut s = Session::new(SessionId("s2".into()), config);
-    s.handle(Event::UserMessage { text: "hi".into() }, Millis(1))
-        .unwrap();
     let call = |i: u32| ToolCall {
         model_call_id: format!("m{i}"),
         name: "ask".into(),
         arguments: format!(r#"{{"q":{i}}}"#),
     };
-    s.handle(
-        Event::ModelReplied {
-            turn: AgentTurn {
-                text: None,
-                tool_calls: vec![call(0), call(1), call(2)],
-                usage: Default::default(),
-                ..Default::default()
-            },
-        },
-        Millis(2),
-    )
-    .unwrap();
-    let specs = std::iter::from_fn(|| s.poll_action())
-        .filter_map(|a| match a {
-            Action::EnsureContinuation(c) => Some(c),
-            _ => None,
-        })
-        .collect();
-    (s, specs)
+    let turn = AgentTurn {
+        text: None,
+        tool_calls: vec![call(0), call(1), call(2)],
+        usage: Default::default(),
+        ..Default::default()
+    };
+    let approval = crate::core::Decorators {
+        approval: true,
+        ..Default::default()
+    };
+    asking_session("s2", approval, turn)
 }
 
 /// A store holding [`approval_session`] and its three continuations,

@@ -2,7 +2,7 @@
 //! link (parent, call, depth, root) in columns, and a tree is read by one
 //! recursive query over `parent` (and a fork's `state.forkedFrom`).
 
-use super::{from_json, SqliteStore};
+use super::{five_columns, from_json, SqliteStore};
 use crate::core::SessionId;
 use crate::ports::{SessionRecord, StoreResult, TreeLink, TreeMember, Version};
 
@@ -24,7 +24,8 @@ impl SqliteStore {
     /// Empty when there is no session `root`.
     pub async fn tree_members(&self, root: &SessionId) -> StoreResult<Vec<TreeMember>> {
         let rows: Vec<TreeRow> = self.with(|c| {
-            let mut stmt = c.prepare(
+            five_columns(
+                c,
                 "WITH RECURSIVE tree(id) AS (
                     SELECT id FROM sessions WHERE id = ?1
                     UNION
@@ -35,13 +36,8 @@ impl SqliteStore {
                  SELECT s.record, s.parent, s.parent_call, s.depth, s.root
                  FROM sessions s JOIN tree ON s.id = tree.id
                  ORDER BY s.depth, s.created_at, s.id",
-            )?;
-            let rows = stmt
-                .query_map([&root.0], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
+                [&root.0],
+            )
         })?;
         rows.into_iter()
             .map(|(record, parent, call, depth, tree_root)| {
