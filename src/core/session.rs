@@ -87,6 +87,9 @@ pub struct SessionConfig {
     pub budget: Budget,
     /// What the model's tokens cost (`spec.model.pricing`).
     pub pricing: Option<Pricing>,
+    /// The namespace's Budgets that select the session, as the driver
+    /// last saw them: no model call starts while one is spent.
+    pub shared_budgets: Vec<super::shared_budget::SharedBudget>,
 }
 
 impl Default for SessionConfig {
@@ -107,6 +110,7 @@ impl Default for SessionConfig {
             lineage: subagent::Lineage::default(),
             budget: Budget::default(),
             pricing: None,
+            shared_budgets: Vec::new(),
         }
     }
 }
@@ -305,6 +309,10 @@ pub struct SessionState {
     /// The limits people raised when asked.
     #[serde(default, skip_serializing_if = "Raise::is_empty")]
     pub budget_raise: Raise,
+    /// The namespace Budget that is spent: the session waits for it
+    /// before its next model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_exhausted: Option<super::shared_budget::BudgetExhausted>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -343,6 +351,7 @@ impl SessionState {
             budget_ask: None,
             budget_asks: 0,
             budget_raise: Raise::default(),
+            budget_exhausted: None,
         }
     }
 
@@ -740,6 +749,8 @@ impl Session {
                 reason: self.state.failure.clone().unwrap_or_default(),
             }),
             _ if self.state.paused || self.state.budget_stop.is_some() => Some(Outlook::Paused),
+            // Woken by the Budget's change or the end of its period.
+            Phase::AwaitingModel if self.state.budget_exhausted.is_some() => Some(Outlook::Paused),
             Phase::Idle => Some(Outlook::Idle),
             _ => None,
         }
@@ -1735,6 +1746,9 @@ impl Session {
             .iter()
             .any(|a| matches!(a, Action::CallModel { .. }));
         if queued {
+            return None;
+        }
+        if !self.shared_budgets_checked() {
             return None;
         }
         let stop = self.budget().stops(&self.spend(), Work::ModelCall);
