@@ -642,6 +642,10 @@ pub struct Session {
     state: SessionState,
     config: SessionConfig,
     actions: VecDeque<Action>,
+    /// This step started a model call under namespace Budgets: the next
+    /// waits for a new step, after the driver has counted this one's
+    /// usage and sees the Budgets as they are now.
+    budget_turn_taken: bool,
 }
 
 impl Session {
@@ -650,6 +654,7 @@ impl Session {
             state: SessionState::new(id),
             config,
             actions: VecDeque::new(),
+            budget_turn_taken: false,
         }
     }
 
@@ -668,6 +673,7 @@ impl Session {
             state,
             config,
             actions: VecDeque::new(),
+            budget_turn_taken: false,
         }
     }
 
@@ -763,6 +769,10 @@ impl Session {
         if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
             let model = &self.state.model_attempt;
             timers.own.extend(model.retry_at());
+            if self.budget_turn_taken && model.claim().is_none() {
+                // The next turn, in the next step, after the count.
+                timers.own.push(now);
+            }
             timers.own.extend(
                 model
                     .claim()
@@ -829,7 +839,12 @@ impl Session {
         }
         match event {
             Event::UserMessage { text } => self.on_user_message(text, now).map(|_| Handled::Done),
-            Event::ModelReplied { turn } => self.on_model_reply(turn, now).map(|_| Handled::Done),
+            Event::ModelReplied { turn } => {
+                // Under namespace Budgets, one turn a step: the driver
+                // counts it before the next one is checked.
+                self.budget_turn_taken = !self.config.shared_budgets.is_empty();
+                self.on_model_reply(turn, now).map(|_| Handled::Done)
+            }
             Event::ModelFailed {
                 error,
                 retryable,
@@ -1748,7 +1763,7 @@ impl Session {
         if queued {
             return None;
         }
-        if !self.shared_budgets_checked() {
+        if self.budget_turn_taken || !self.shared_budgets_checked() {
             return None;
         }
         let stop = self.budget().stops(&self.spend(), Work::ModelCall);

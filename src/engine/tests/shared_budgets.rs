@@ -16,10 +16,14 @@ fn team(used: u64, limit: u64) -> SharedBudget {
 #[tokio::test]
 async fn a_spent_budget_holds_the_model_call_and_a_raise_lets_it_go() {
     let store = MemStore::with_session(&["hi"]);
-    let model = Script::new(vec![text("done")]);
+    let model = Script::new(vec![calls(&["lookup"]), text("done")]);
     let (tools, clock) = (Tools::default(), ManualClock::at(Millis(1_000)));
     let p = ports(&store, &model, &tools, &clock);
     let mut rt = runtime();
+    rt.config
+        .policy
+        .rules
+        .push(rule("lookup", crate::core::Disposition::RunSync));
     rt.config.shared_budgets = vec![team(1_000, 1_000)];
     let holder = Holder::named("h");
     let report = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
@@ -47,13 +51,21 @@ async fn a_spent_budget_holds_the_model_call_and_a_raise_lets_it_go() {
     step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
     assert_eq!(store.saves.load(Ordering::SeqCst), saves);
     assert_eq!(model.calls(), 0);
-    // Raised: the next step calls the model and the session ends.
+    // Raised: the session goes on, one model call a step (the driver
+    // counts each turn before the next is checked).
     rt.config.shared_budgets = vec![team(1_000, 5_000)];
+    let report = step(&p, &id(), &rt, &holder, Roles::ALL).await.unwrap();
+    assert_eq!(model.calls(), 1);
+    assert!(
+        matches!(report.outcome, StepOutcome::Busy { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(store.state().budget_exhausted, None);
     let outcome = run_to_end(&p, &rt, &clock, 4).await;
     assert!(
         matches!(outcome, StepOutcome::Succeeded { .. }),
         "{outcome:?}"
     );
-    assert_eq!(model.calls(), 1);
-    assert_eq!(store.state().budget_exhausted, None);
+    assert_eq!(model.calls(), 2);
 }
