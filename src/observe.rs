@@ -81,6 +81,10 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
+/// Most distinct (namespace, agent, model) sets of the spend counters;
+/// the next ones count under agent and model `other`.
+pub const SPEND_LABEL_SETS: usize = 200;
+
 /// Who spent: the session's namespace, its agent and the model.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpendLabels {
@@ -110,6 +114,9 @@ pub struct Metrics {
     leader: Gauge<i64, AtomicI64>,
     events_dropped: Counter,
     namespace_at_cap: Counter,
+    /// The (namespace, agent, model) sets the spend counters have, bounded
+    /// by [`SPEND_LABEL_SETS`]: tenants choose agent and model names.
+    spend_label_sets: std::sync::Mutex<std::collections::HashSet<SpendLabels>>,
 }
 
 /// A counter registered under `name`.
@@ -224,6 +231,7 @@ impl Metrics {
             leader,
             events_dropped,
             namespace_at_cap,
+            spend_label_sets: Default::default(),
         }
     }
 
@@ -270,15 +278,34 @@ impl Metrics {
         model: &str,
         usage: &crate::core::TokenUsage,
     ) {
-        let labels = SpendLabels {
+        let labels = self.bounded_spend_labels(SpendLabels {
             namespace: namespace.into(),
             agent: agent.into(),
             model: model.into(),
-        };
+        });
         self.tokens.get_or_create(&labels).inc_by(usage.total());
         self.cost_micros
             .get_or_create(&labels)
             .inc_by(usage.cost_micros);
+    }
+
+    /// `labels`, or past [`SPEND_LABEL_SETS`] distinct sets, the same
+    /// namespace with agent and model `other`: the series stay bounded
+    /// whatever names tenants choose.
+    fn bounded_spend_labels(&self, labels: SpendLabels) -> SpendLabels {
+        let mut seen = self.spend_label_sets.lock().expect("label sets");
+        if seen.contains(&labels) {
+            return labels;
+        }
+        if seen.len() < SPEND_LABEL_SETS {
+            seen.insert(labels.clone());
+            return labels;
+        }
+        SpendLabels {
+            agent: "other".into(),
+            model: "other".into(),
+            ..labels
+        }
     }
 
     /// Time from a call's result being written to its session's next step.
@@ -611,6 +638,34 @@ fn route(req: &Request<Incoming>, metrics: &Metrics, health: &Health) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spend_label_sets_are_capped_and_the_rest_fold_into_other() {
+        let metrics = Metrics::new();
+        let usage = crate::core::TokenUsage {
+            prompt_tokens: 10,
+            ..Default::default()
+        };
+        for i in 0..SPEND_LABEL_SETS + 50 {
+            metrics.spent("ns", &format!("agent-{i}"), "m", &usage);
+        }
+        // A set seen before the cap keeps its own series.
+        metrics.spent("ns", "agent-0", "m", &usage);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics.registry).unwrap();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("agents_model_tokens_total{"))
+            .count();
+        assert_eq!(series, SPEND_LABEL_SETS + 1, "200 own sets and `other`");
+        assert!(
+            text.contains(
+                r#"agents_model_tokens_total{namespace="ns",agent="other",model="other"} 500"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"agent="agent-0",model="m"} 20"#));
+    }
 
     async fn start() -> (SocketAddr, Arc<Metrics>, Health) {
         let metrics = Arc::new(Metrics::new());

@@ -10,12 +10,14 @@ pub mod budget;
 pub mod continuation;
 pub mod convert;
 pub mod legacy;
+pub mod namespace_budget;
 pub mod quota;
 pub mod session;
 pub mod stored;
 
 pub use agent::{Agent, AgentSpec, AgentStatus};
 pub use continuation::{Continuation, ContinuationSpec, ContinuationStatus};
+pub use namespace_budget::{Budget, BudgetSpec, BudgetStatus};
 pub use session::{Session, SessionSpec, SessionStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -96,8 +98,14 @@ pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// The CRDs as installed. A status is an object or absent, never `null`.
-pub fn crds() -> [CustomResourceDefinition; 3] {
-    [Agent::crd(), Session::crd(), Continuation::crd()].map(|mut crd| {
+pub fn crds() -> [CustomResourceDefinition; 4] {
+    [
+        Agent::crd(),
+        Session::crd(),
+        Continuation::crd(),
+        Budget::crd(),
+    ]
+    .map(|mut crd| {
         for version in &mut crd.spec.versions {
             let status = version
                 .schema
@@ -144,7 +152,12 @@ mod tests {
 
     #[test]
     fn every_field_is_documented_and_has_printer_columns() {
-        for crd in [Agent::crd(), Session::crd(), Continuation::crd()] {
+        for crd in [
+            Agent::crd(),
+            Session::crd(),
+            Continuation::crd(),
+            Budget::crd(),
+        ] {
             let kind = crd.spec.names.kind.clone();
             let v = &crd.spec.versions[0];
             let schema =

@@ -42,6 +42,9 @@ pub fn session_status(state: &SessionState) -> SessionStatus {
     SessionStatus {
         phase: session_phase(state),
         waiting_for: match &state.budget_ask {
+            _ if state.budget_exhausted.is_some() && !state.phase.is_final() => {
+                Some(crate::core::WaitingFor::Budget)
+            }
             Some(_) => Some(crate::core::WaitingFor::Budget),
             None => (state.phase == Phase::Waiting)
                 .then(|| most_needed_wait(state))
@@ -66,7 +69,9 @@ pub fn session_phase(state: &SessionState) -> SessionPhase {
         Phase::Succeeded => SessionPhase::Succeeded,
         Phase::Failed => SessionPhase::Failed,
         _ if state.paused || state.budget_stop.is_some() => SessionPhase::Paused,
-        _ if state.budget_ask.is_some() => SessionPhase::Waiting,
+        _ if state.budget_ask.is_some() || state.budget_exhausted.is_some() => {
+            SessionPhase::Waiting
+        }
         Phase::Idle => SessionPhase::Pending,
         Phase::AwaitingModel => SessionPhase::AwaitingModel,
         Phase::RunningTools => SessionPhase::Running,

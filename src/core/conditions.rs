@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `Succeeded` | the model gave its final answer | `Answered`; False: `Failed`; Unknown: `InProgress` |
 //! | `Failed` | the session stopped on an error | `Failed`; False: `NotFailed` |
-//! | `Waiting` | every open call waits on the outside | `AwaitingApproval`, `AwaitingExternal`, `AwaitingJob`, `AwaitingBackground`; False: `NotWaiting` |
+//! | `Waiting` | every open call waits on the outside, or a namespace Budget is spent | `BudgetExhausted`, `AwaitingApproval`, `AwaitingExternal`, `AwaitingJob`, `AwaitingBackground`; False: `NotWaiting` |
 //! | `Paused` | `spec.paused` holds the session, or a limit (`onExceed: pause`) | `PausedBySpec`, `BudgetExceeded`; False: `NotPaused` |
 //!
 //! A driver adds its own (the operator's `Ready`: the agent resolved and is
@@ -97,6 +97,12 @@ pub fn of(state: &SessionState) -> Vec<Condition> {
             "AwaitingBudget",
             format!("{} asks a person: {}", ask.token, ask.stop.message),
         )
+    } else if let Some(spent) = state
+        .budget_exhausted
+        .as_ref()
+        .filter(|_| !state.phase.is_final())
+    {
+        Condition::new("Waiting", True, "BudgetExhausted", spent.message.clone())
     } else if state.phase == Phase::Waiting {
         waiting(state)
     } else {

@@ -13,6 +13,7 @@
 //! | [`acceptance`] | what a continuation accepts from outside: a result, a decision (written once) |
 //! | [`cache`] | cache keys over canonical arguments |
 //! | [`budget`] | what a model turn costs; limits on tokens, cost and tool calls |
+//! | [`shared_budget`] | a namespace's Budgets: periods, the check before each model call |
 //! | [`fork`] | a fork's state: a prefix of another session's conversation, open calls made new |
 //! | [`envelope`] | the versioned call and result envelopes every runner speaks |
 //!
@@ -34,6 +35,7 @@ pub mod fork;
 pub mod ids;
 pub mod policy;
 pub mod session;
+pub mod shared_budget;
 pub mod time;
 
 pub use cache::{CacheKey, CacheScope};

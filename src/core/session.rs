@@ -87,6 +87,9 @@ pub struct SessionConfig {
     pub budget: Budget,
     /// What the model's tokens cost (`spec.model.pricing`).
     pub pricing: Option<Pricing>,
+    /// The namespace's Budgets that select the session, as the driver
+    /// last saw them: no model call starts while one is spent.
+    pub shared_budgets: Vec<super::shared_budget::SharedBudget>,
 }
 
 impl Default for SessionConfig {
@@ -107,6 +110,7 @@ impl Default for SessionConfig {
             lineage: subagent::Lineage::default(),
             budget: Budget::default(),
             pricing: None,
+            shared_budgets: Vec::new(),
         }
     }
 }
@@ -305,6 +309,10 @@ pub struct SessionState {
     /// The limits people raised when asked.
     #[serde(default, skip_serializing_if = "Raise::is_empty")]
     pub budget_raise: Raise,
+    /// The namespace Budget that is spent: the session waits for it
+    /// before its next model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_exhausted: Option<super::shared_budget::BudgetExhausted>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -343,6 +351,7 @@ impl SessionState {
             budget_ask: None,
             budget_asks: 0,
             budget_raise: Raise::default(),
+            budget_exhausted: None,
         }
     }
 
@@ -633,6 +642,10 @@ pub struct Session {
     state: SessionState,
     config: SessionConfig,
     actions: VecDeque<Action>,
+    /// This step started a model call under namespace Budgets: the next
+    /// waits for a new step, after the driver has counted this one's
+    /// usage and sees the Budgets as they are now.
+    budget_turn_taken: bool,
 }
 
 impl Session {
@@ -641,6 +654,7 @@ impl Session {
             state: SessionState::new(id),
             config,
             actions: VecDeque::new(),
+            budget_turn_taken: false,
         }
     }
 
@@ -659,6 +673,7 @@ impl Session {
             state,
             config,
             actions: VecDeque::new(),
+            budget_turn_taken: false,
         }
     }
 
@@ -740,6 +755,8 @@ impl Session {
                 reason: self.state.failure.clone().unwrap_or_default(),
             }),
             _ if self.state.paused || self.state.budget_stop.is_some() => Some(Outlook::Paused),
+            // Woken by the Budget's change or the end of its period.
+            Phase::AwaitingModel if self.state.budget_exhausted.is_some() => Some(Outlook::Paused),
             Phase::Idle => Some(Outlook::Idle),
             _ => None,
         }
@@ -752,6 +769,10 @@ impl Session {
         if self.state.phase == Phase::AwaitingModel && self.config.driver.model {
             let model = &self.state.model_attempt;
             timers.own.extend(model.retry_at());
+            if self.budget_turn_taken && model.claim().is_none() {
+                // The next turn, in the next step, after the count.
+                timers.own.push(now);
+            }
             timers.own.extend(
                 model
                     .claim()
@@ -818,7 +839,12 @@ impl Session {
         }
         match event {
             Event::UserMessage { text } => self.on_user_message(text, now).map(|_| Handled::Done),
-            Event::ModelReplied { turn } => self.on_model_reply(turn, now).map(|_| Handled::Done),
+            Event::ModelReplied { turn } => {
+                // Under namespace Budgets, one turn a step: the driver
+                // counts it before the next one is checked.
+                self.budget_turn_taken = !self.config.shared_budgets.is_empty();
+                self.on_model_reply(turn, now).map(|_| Handled::Done)
+            }
             Event::ModelFailed {
                 error,
                 retryable,
@@ -1735,6 +1761,9 @@ impl Session {
             .iter()
             .any(|a| matches!(a, Action::CallModel { .. }));
         if queued {
+            return None;
+        }
+        if self.budget_turn_taken || !self.shared_budgets_checked() {
             return None;
         }
         let stop = self.budget().stops(&self.spend(), Work::ModelCall);

@@ -489,6 +489,7 @@ fn first_result(store: &MemStore) -> Option<ToolResult> {
 mod background;
 mod calls;
 mod claims_and_store;
+mod shared_budgets;
 mod spans;
 mod subagents;
 mod tasks;

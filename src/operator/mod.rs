@@ -27,6 +27,8 @@
 
 pub mod agents;
 pub mod background;
+mod budget_status;
+mod budgets;
 pub mod children;
 pub mod event_sink;
 pub mod events;
@@ -170,6 +172,8 @@ pub struct Context {
     pub holder: Holder,
     /// The Agents of the watched namespaces, as the watch last saw them.
     agents: Store<Agent>,
+    /// The Budgets of the watched namespaces, as the watch last saw them.
+    budgets: Store<crate::api::Budget>,
     /// Where Events go: a bounded queue, written off the reconcile path.
     pub events: event_sink::EventSink,
     pub background: Arc<Background>,
@@ -212,6 +216,7 @@ impl Context {
             client: client.clone(),
             holder,
             agents,
+            budgets: kube::runtime::reflector::store::<crate::api::Budget>().0,
             events: event_sink::EventSink::start(
                 client.clone(),
                 CONTROLLER_NAME,

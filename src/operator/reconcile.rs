@@ -93,6 +93,9 @@ struct Stepped {
     notify: Option<notify::Target>,
     /// Who the step's model turns spent for (metrics labels).
     spend: report::SpendLabels,
+    /// When a namespace Budget lets the session look again (its period's
+    /// end), or a charge that lost its races is tried again.
+    budget_wake: Option<Duration>,
 }
 
 impl Stepped {
@@ -103,7 +106,7 @@ impl Stepped {
         session: &Session,
         ns: &str,
         store: KubeStore,
-        resolved: Resolved,
+        mut resolved: Resolved,
     ) -> Result<Option<Stepped>, Error> {
         let store = store.with_report(Arc::new(report::SessionConditions {
             ready: report::ready(
@@ -117,7 +120,17 @@ impl Stepped {
             task_cancel::Hold::Step { held } => held,
             task_cancel::Hold::Going => return Ok(None),
         };
+        let now = SystemClock.now();
+        let shared = super::budgets::shared_for(&ctx.budgets, session, now);
+        resolved.runtime.config.shared_budgets = shared.clone();
         let (step, progress, quota) = step_session(ctx, session, ns, &store, &resolved).await?;
+        let budget_wake = charge_budgets(ctx, session, &step.state, &resolved)
+            .await?
+            .or(step
+                .state
+                .budget_exhausted
+                .as_ref()
+                .and_then(|_| super::budgets::next_period_end(&shared, now)));
         let id = SessionId(session.name_any());
         let settled = store.settle(&id, &step.state).await?;
         task_cancel::keep_finalizer(ctx, session, ns, &step.state, uses_mcp, held).await?;
@@ -136,6 +149,7 @@ impl Stepped {
                 agent: resolved.agent_name.clone(),
                 model: resolved.model_name.clone(),
             },
+            budget_wake,
         }))
     }
 
@@ -150,6 +164,7 @@ impl Stepped {
             store,
             notify,
             spend,
+            budget_wake,
         } = self;
         report_step(ctx, session, &step, progress, &spend);
         let quota_retry = quota.map(|why| held_by_quota(ctx, session, why));
@@ -169,9 +184,36 @@ impl Stepped {
             wrote = step.writes > 0 || settled,
             "step"
         );
-        let look_again = [retry_notify, quota_retry].into_iter().flatten().min();
+        let look_again = [retry_notify, quota_retry, budget_wake]
+            .into_iter()
+            .flatten()
+            .min();
         report::requeue(&step.outcome, ttl, look_again, SystemClock.now())
     }
+}
+
+/// Charges the session's usage so far to the namespace Budgets that select
+/// it (after the step committed it; a crash before this charge is made
+/// good by the next reconcile, which charges the same total). Some
+/// wait when a charge lost every race and is tried again soon.
+async fn charge_budgets(
+    ctx: &Context,
+    session: &Session,
+    state: &crate::core::SessionState,
+    resolved: &Resolved,
+) -> Result<Option<Duration>, Error> {
+    let total = crate::api::namespace_budget::Spent {
+        tokens: state.usage.total(),
+        cost_micros: state.usage.cost_micros,
+    };
+    let currency = resolved
+        .runtime
+        .config
+        .pricing
+        .as_ref()
+        .map(|p| p.currency.as_str());
+    let done = super::budgets::charge(&ctx.client, &ctx.budgets, session, total, currency).await?;
+    Ok((!done).then_some(super::budgets::CHARGE_RETRY))
 }
 
 /// When a session whose namespace holds all its slots is looked at again:

@@ -5,7 +5,7 @@
 use super::background::Background;
 use super::health::{api, api_probe, tracked_watch};
 use super::{agents, failure, reconcile, Context, Options};
-use crate::api::{Agent, Continuation, Session};
+use crate::api::{Agent, Budget, Continuation, Session};
 use crate::engine::holder::OperatorIdentity;
 use crate::engine::Holder;
 use futures::StreamExt;
@@ -211,6 +211,7 @@ pub async fn run_with(
     );
     let (sessions, writer) = kube::runtime::reflector::store::<Session>();
     let (agents_seen, agents_writer) = kube::runtime::reflector::store::<Agent>();
+    let (budgets_seen, budgets_writer) = kube::runtime::reflector::store::<Budget>();
     let ctx_handed = crate::store::kube::HandedSessions::default();
     let session_events = tracked_watch(
         api::<Session>(&watching, ns),
@@ -243,6 +244,7 @@ pub async fn run_with(
         agents_seen,
     );
     context.handed = ctx_handed;
+    context.budgets = budgets_seen;
     let ctx = Arc::new(context);
     if ctx.jobs.is_none() {
         info!("no --agents-image: runIsolated calls wait for an outside worker (agents session run-isolated --store kube)");
@@ -256,8 +258,13 @@ pub async fn run_with(
             |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
         );
     let agents = agents::controller(&watching, ns, ctx.clone(), &health);
+    let budgets = budgets_controller(&client, &watching, ns, &health, &sessions);
+    let triggers = Writers {
+        agents: agents_writer,
+        budgets: budgets_writer,
+    };
     let sessions_controller =
-        with_triggers(controller, &watching, ns, &health, &sessions, agents_writer)
+        with_triggers(controller, &watching, ns, &health, &sessions, triggers)
             .reconcile_on(wakes)
             .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
             .shutdown_on_signal()
@@ -268,24 +275,67 @@ pub async fn run_with(
                     Err(e) => debug!(error = %e, "reconcile not done"),
                 }
             });
-    futures::join!(sessions_controller, agents);
+    futures::join!(sessions_controller, agents, budgets);
     drop(controller_guard);
     info!("operator stopped");
     Ok(())
 }
 
+/// The Budget controller: periods, deleted sessions folded, conditions.
+fn budgets_controller(
+    client: &Client,
+    watching: &Client,
+    ns: Option<&str>,
+    health: &crate::observe::Health,
+    sessions: &Store<Session>,
+) -> impl std::future::Future<Output = ()> {
+    let scope = ns.unwrap_or("all");
+    let ctx = Arc::new(super::budget_status::BudgetContext {
+        client: client.clone(),
+        sessions: sessions.clone(),
+    });
+    let (store, writer) = kube::runtime::reflector::store::<Budget>();
+    let events = tracked_watch(
+        api::<Budget>(watching, ns),
+        watcher::Config::default(),
+        health,
+        format!("watch budgets/{scope}"),
+    )
+    .reflect(writer)
+    .applied_objects();
+    Controller::for_stream(events, store)
+        .shutdown_on_signal()
+        .run(
+            super::budget_status::reconcile,
+            |_, e, _| {
+                debug!(error = %e, "budget reconcile not done");
+                controller::Action::requeue(Duration::from_secs(5))
+            },
+            ctx,
+        )
+        .for_each(|_| async {})
+}
+
+/// The reflectors the session controller's triggers fill.
+struct Writers {
+    agents: kube::runtime::reflector::store::Writer<Agent>,
+    budgets: kube::runtime::reflector::store::Writer<Budget>,
+}
+
 /// What else steps a session: its Continuations (a result written), the
-/// Agent it names (created or fixed), and its tool Jobs and their pods.
+/// Agent it names (created or fixed), a Budget that holds it (raised,
+/// started over), and its tool Jobs and their pods.
 fn with_triggers(
     controller: Controller<Session>,
     watching: &Client,
     ns: Option<&str>,
     health: &crate::observe::Health,
     sessions: &Store<Session>,
-    agents_writer: kube::runtime::reflector::store::Writer<Agent>,
+    writers: Writers,
 ) -> Controller<Session> {
     let scope = ns.unwrap_or("all");
     let by_agent = sessions.clone();
+    let by_budget = sessions.clone();
     let job_selector = watcher::Config::default().labels(crate::runner::job::TOOL_JOB_SELECTOR);
     controller
         .owns_stream(
@@ -315,9 +365,20 @@ fn with_triggers(
                 health,
                 format!("watch agents/{scope}"),
             )
-            .reflect(agents_writer)
+            .reflect(writers.agents)
             .touched_objects(),
             move |agent: Agent| sessions_using(&by_agent, &agent),
+        )
+        .watches_stream(
+            tracked_watch(
+                api::<Budget>(watching, ns),
+                watcher::Config::default(),
+                health,
+                format!("watch budgets for sessions/{scope}"),
+            )
+            .reflect(writers.budgets)
+            .touched_objects(),
+            move |budget: Budget| super::budgets::sessions_waiting_on(&by_budget, &budget),
         )
         // A tool Job or its pod changing (done, failed, stuck on its
         // image) steps its session: the result is read at once.

@@ -116,6 +116,11 @@ fn parse_with_agents(text: &str, path: &str) -> Result<(Definition, SubAgents), 
                 sessions.push((name, spec))
             }
             "Agent" => agents.push((name, strict::<AgentSpec>(spec, "spec").map_err(invalid)?)),
+            "Budget" => {
+                return Err(invalid(format!(
+                    "Budget {name} is a cluster resource: the operator counts a namespace's Sessions against it. `agents run` runs one session; bound it with the Session's spec.limits (tokens, cost) instead, and remove the Budget document (apply it with kubectl)"
+                )))
+            }
             other => {
                 return Err(invalid(format!(
                     "kind {other:?} is not runnable here; expected Session or Agent"
@@ -415,6 +420,17 @@ spec:
         assert!(e.contains("Agent name \"Helper\""), "{e}");
         let e = parse("kind: [", "f.yaml").unwrap_err().to_string();
         assert!(e.contains("f.yaml"), "{e}");
+        let budget = format!(
+            "{GOOD}---\napiVersion: agents-exe.io/v1alpha1\nkind: Budget\nmetadata: {{name: team}}\nspec: {{tokens: 100}}\n"
+        );
+        let e = parse(&budget, "f.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("Budget team is a cluster resource") && e.contains("spec.limits"),
+            "{e}"
+        );
+        let other = GOOD.replace("kind: Agent", "kind: Widget");
+        let e = parse(&other, "f.yaml").unwrap_err().to_string();
+        assert!(e.contains("kind \"Widget\" is not runnable here"), "{e}");
     }
 
     #[test]

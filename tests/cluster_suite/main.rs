@@ -12,6 +12,7 @@ mod support;
 
 mod cluster_approvals;
 mod cluster_budget_ask;
+mod cluster_budget_namespace;
 mod cluster_budget_tree;
 mod cluster_budgets;
 mod cluster_crds;

@@ -57,6 +57,18 @@ impl Session {
         }
     }
 
+    /// The namespace Budgets that select the session: true when none is
+    /// spent. A spent one is recorded (`budget_exhausted`, stored at once)
+    /// and lifted when the driver sees it raised or started over.
+    pub(super) fn shared_budgets_checked(&mut self) -> bool {
+        let spent = crate::core::shared_budget::first_spent(&self.config.shared_budgets);
+        if self.state.budget_exhausted != spent {
+            self.state.budget_exhausted = spent;
+            self.push(Action::Checkpoint);
+        }
+        self.state.budget_exhausted.is_none()
+    }
+
     /// Applies the outcome of a budget check; true when the work may start.
     /// A stop fails the session, holds it (`budget_stop`, stored at once)
     /// or asks a person (`budget_ask`); a check that passes with

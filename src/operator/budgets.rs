@@ -1,0 +1,173 @@
+//! Namespace `Budget`s in the operator: what the core is handed before a
+//! session's step (from the watch cache, never a read per step), the
+//! charge of a session's usage after it (compare-and-swap on the Budget's
+//! status), and the Budget's own reconcile (period rollover, deleted
+//! sessions folded, conditions).
+
+use super::Error;
+use crate::api::namespace_budget::{Charged, Spent};
+use crate::api::{Budget, Session};
+use crate::core::shared_budget::SharedBudget;
+use crate::core::Millis;
+use crate::engine::{Clock, SystemClock};
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Tries of one compare-and-swap write of a Budget's status before the
+/// session is looked at again (many sessions charge one Budget at once).
+const CAS_ATTEMPTS: u32 = 12;
+
+/// When a charge that lost every race is tried again.
+pub(super) const CHARGE_RETRY: Duration = Duration::from_secs(1);
+
+/// The Budgets of the session's namespace that select it.
+fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
+    let ns = session.namespace();
+    budgets
+        .state()
+        .into_iter()
+        .filter(|b| b.namespace() == ns && b.spec.selects(session.labels()))
+        .collect()
+}
+
+/// What the core compares before each model call of `session`.
+pub(super) fn shared_for(
+    budgets: &Store<Budget>,
+    session: &Session,
+    now: Millis,
+) -> Vec<SharedBudget> {
+    let uid = session.uid().unwrap_or_default();
+    selecting(budgets, session)
+        .iter()
+        .map(|b| b.shared(&uid, now))
+        .collect()
+}
+
+/// When the soonest period of these Budgets ends, from `now`.
+pub(super) fn next_period_end(shared: &[SharedBudget], now: Millis) -> Option<Duration> {
+    shared
+        .iter()
+        .filter_map(|b| b.period_end)
+        .min()
+        .map(|end| Duration::from_millis((end.0 - now.0).max(1_000) as u64))
+}
+
+/// Charges every Budget selecting `session` with its usage so far
+/// (`total`); `currency` is its agent's pricing currency. False when a
+/// charge lost every race and must be tried again.
+pub(super) async fn charge(
+    client: &kube::Client,
+    budgets: &Store<Budget>,
+    session: &Session,
+    total: Spent,
+    currency: Option<&str>,
+) -> Result<bool, Error> {
+    let (uid, name) = (session.uid().unwrap_or_default(), session.name_any());
+    let ns = session.namespace().unwrap_or_default();
+    let mut done = true;
+    for budget in selecting(budgets, session) {
+        let counted = budget
+            .spec
+            .cost
+            .as_ref()
+            .is_none_or(|c| Some(c.currency.as_str()) == currency);
+        // The cache shows this usage counted in the current period: no write.
+        let mut seen = budget.status.clone().unwrap_or_default();
+        let now = SystemClock.now();
+        let current = seen.started() == Some(period_start(&budget, now));
+        if current && seen.charge(&uid, &name, total, counted) == Charged::Unchanged {
+            continue;
+        }
+        let api: Api<Budget> = Api::namespaced(client.clone(), &ns);
+        done &= charge_one(&api, &budget.name_any(), &uid, &name, total, counted).await?;
+    }
+    Ok(done)
+}
+
+fn period_start(budget: &Budget, now: Millis) -> Millis {
+    let created = budget
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(crate::api::convert::millis)
+        .unwrap_or(now);
+    budget.spec.period.start(now, created)
+}
+
+/// One Budget charged by compare-and-swap: read, roll the period over if
+/// it ended, set the session's total, write with the read's
+/// resourceVersion; a conflict reads again.
+async fn charge_one(
+    api: &Api<Budget>,
+    budget: &str,
+    uid: &str,
+    session: &str,
+    total: Spent,
+    counted: bool,
+) -> Result<bool, Error> {
+    for attempt in 0..CAS_ATTEMPTS {
+        let mut fresh = match api.get_opt(budget).await? {
+            Some(b) => b,
+            None => return Ok(true),
+        };
+        let mut status = fresh.status.clone().unwrap_or_default();
+        let start = period_start(&fresh, SystemClock.now());
+        let rolled = status.started().is_none_or(|s| s < start);
+        if rolled {
+            status.roll_over(start);
+        }
+        let charged = status.charge(uid, session, total, counted);
+        if charged == Charged::Full {
+            warn!(
+                budget,
+                session, "the Budget counts no more sessions this period"
+            );
+        }
+        if !rolled && charged != Charged::Changed {
+            return Ok(true);
+        }
+        fresh.status = Some(status);
+        fresh.metadata.managed_fields = None;
+        match api
+            .replace_status(budget, &PostParams::default(), &fresh)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!(
+                    budget,
+                    session, attempt, "budget charge lost a race; reading again"
+                );
+                tokio::time::sleep(Duration::from_millis(10 + u64::from(attempt) * 15)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
+}
+
+/// The sessions a Budget change may let go: those of its namespace it
+/// selects that wait for a Budget.
+pub(super) fn sessions_waiting_on(
+    sessions: &Store<Session>,
+    budget: &Budget,
+) -> Vec<ObjectRef<Session>> {
+    let ns = budget.namespace();
+    sessions
+        .state()
+        .iter()
+        .filter(|s| s.namespace() == ns && budget.spec.selects(s.labels()))
+        .filter(|s| {
+            s.status.as_ref().is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Waiting" && c.reason == "BudgetExhausted")
+            })
+        })
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}

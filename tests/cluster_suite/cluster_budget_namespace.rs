@@ -1,0 +1,365 @@
+//! A namespace `Budget` under the operator (issue 31, item 4): 20
+//! sessions share a token Budget; an OpenAI-compatible fake reports 100
+//! tokens a turn and keeps its own tally. The sessions stop at the bound
+//! (overshoot at most one turn per running session) waiting for the
+//! Budget (`waitingFor: budget`, `Waiting=BudgetExhausted`); a raise lets
+//! them finish. Across operator SIGKILLs with two operators racing, the
+//! Budget's `used` equals the fake's tally exactly. Bad Budgets are
+//! refused at admission; a selector matching nothing says so.
+//!
+//! Skipped without a cluster unless AGENTS_REQUIRE_CLUSTER=1.
+
+use crate::support;
+
+use agents::api::{Budget, Session};
+use kube::api::{Api, ListParams};
+use kube::Client;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::http::{Request, Response, Server};
+use support::launcher;
+use support::{apply, kubectl, kubectl_ok, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agents");
+const SESSIONS: usize = 20;
+/// Model turns each session takes: two `echo` calls, then its answer.
+const TURNS: usize = 3;
+/// Tokens the fake reports for every turn (80 prompt + 20 completion).
+const TURN_TOKENS: u64 = 100;
+
+/// What the fake reported: every request, and each distinct turn (a
+/// session's user message and how many tool results it had) once. A
+/// model call cut by a kill before its reply was recorded is asked
+/// again with the same conversation: billed twice, recorded once.
+#[derive(Clone, Default)]
+struct Tally {
+    requests: Arc<Mutex<u64>>,
+    turns: Arc<Mutex<BTreeMap<(String, usize), u64>>>,
+}
+
+impl Tally {
+    fn reported(&self) -> u64 {
+        *self.requests.lock().unwrap() * TURN_TOKENS
+    }
+    fn recorded_turns(&self) -> u64 {
+        self.turns.lock().unwrap().values().sum()
+    }
+}
+
+fn model(tally: Tally) -> Server {
+    Server::start(move |req: &Request| {
+        let body = req.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let user = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .map(|m| m["content"].to_string())
+            .unwrap_or_default();
+        let results = messages.iter().filter(|m| m["role"] == "tool").count();
+        *tally.requests.lock().unwrap() += 1;
+        tally
+            .turns
+            .lock()
+            .unwrap()
+            .insert((user, results), TURN_TOKENS);
+        let message = if results + 1 < TURNS {
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("c{results}"), "type": "function",
+                 "function": {"name": "echo", "arguments": "{\"n\":1}"}}]})
+        } else {
+            serde_json::json!({"role": "assistant", "content": "done"})
+        };
+        let body = serde_json::json!({
+            "choices": [{"index": 0, "message": message}],
+            "usage": {"prompt_tokens": 80, "completion_tokens": 20}
+        });
+        Response::json(200, body.to_string())
+    })
+}
+
+fn agent_and_sessions(model: &Server) -> String {
+    let mut yaml = format!(
+        r#"
+apiVersion: agents-exe.io/v1alpha1
+kind: Agent
+metadata: {{name: worker}}
+spec:
+  model:
+    provider: openai
+    openai: {{baseUrl: "{}", model: test}}
+  tools:
+    - {{name: echo, builtin: {{function: echo}}}}
+"#,
+        model.url("/v1")
+    );
+    for i in 0..SESSIONS {
+        yaml.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i:02}, labels: {{team: a}}}}\nspec: {{agentRef: {{name: worker}}, messages: [\"work {i}\"]}}\n"
+        ));
+    }
+    yaml
+}
+
+fn budget_yaml(name: &str, tokens: u64, team: &str) -> String {
+    format!(
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Budget\nmetadata: {{name: {name}}}\nspec: {{tokens: {tokens}, period: day, selector: {{matchLabels: {{team: {team}}}}}}}\n"
+    )
+}
+
+async fn budget(client: &Client, ns: &str, name: &str) -> Budget {
+    Api::<Budget>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+}
+
+fn used(b: &Budget) -> u64 {
+    b.status.as_ref().map_or(0, |s| s.used.tokens)
+}
+
+fn condition<'a>(
+    b: &'a Budget,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    b.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+async fn sessions(client: &Client, ns: &str) -> Vec<Session> {
+    Api::<Session>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+fn succeeded(s: &Session) -> bool {
+    s.status
+        .as_ref()
+        .is_some_and(|st| st.phase == agents::api::session::SessionPhase::Succeeded)
+}
+
+fn waits_for_budget(s: &Session) -> bool {
+    s.status.as_ref().is_some_and(|st| {
+        st.waiting_for == Some(agents::core::WaitingFor::Budget)
+            && st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Waiting" && c.reason == "BudgetExhausted")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_sessions_stop_at_the_budget_and_a_raise_lets_them_finish() {
+    let Some((client, ns)) = support::cluster_namespace("budget-ns").await else {
+        return;
+    };
+    let tally = Tally::default();
+    let server = model(tally.clone());
+    apply(&ns.name, &budget_yaml("team", 1000, "a"));
+    apply(&ns.name, &budget_yaml("nobody", 1000, "z"));
+    apply(&ns.name, &agent_and_sessions(&server));
+    let _operator = launcher::Operator::watching(BIN, &ns.name, "budget-ns");
+    let held = wait_until(
+        Duration::from_secs(120),
+        "every session done or held by the Budget",
+        || async {
+            let all = sessions(&client, &ns.name).await;
+            let settled =
+                all.len() == SESSIONS && all.iter().all(|s| succeeded(s) || waits_for_budget(s));
+            (settled && all.iter().any(waits_for_budget)).then_some(all)
+        },
+    )
+    .await;
+    let team = budget(&client, &ns.name, "team").await;
+    let spent = tally.recorded_turns();
+    println!(
+        "held at {spent} tokens (budget 1000); Budget used {}",
+        used(&team)
+    );
+    // Overshoot: at most one turn in flight per running session.
+    assert!(
+        spent >= 1000 && spent <= 1000 + SESSIONS as u64 * TURN_TOKENS,
+        "{spent}"
+    );
+    assert_eq!(
+        tally.reported(),
+        spent,
+        "no kills: every request recorded once"
+    );
+    let waiting = held.iter().find(|s| waits_for_budget(s)).unwrap();
+    let message = &waiting
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Waiting")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("Budget team is spent: used") && message.contains("of 1000 tokens"),
+        "{message}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the Budget counts every turn",
+        || async {
+            (used(&budget(&client, &ns.name, "team").await) == tally.recorded_turns()).then_some(())
+        },
+    )
+    .await;
+    let team = budget(&client, &ns.name, "team").await;
+    assert_eq!(
+        condition(&team, "Exhausted").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    let table = kubectl_ok(["get", "budgets", "-n", &ns.name]);
+    assert!(
+        table.contains("USED") && table.contains("LIMIT") && table.contains("PERIOD"),
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("team"))
+        .unwrap_or_default()
+        .to_string();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells[1..4],
+        [spent.to_string().as_str(), "1000", "day"],
+        "{table}"
+    );
+    let nobody = wait_until(
+        Duration::from_secs(30),
+        "nobody's Selecting condition",
+        || async {
+            let b = budget(&client, &ns.name, "nobody").await;
+            condition(&b, "Selecting").is_some().then_some(b)
+        },
+    )
+    .await;
+    let selecting = condition(&nobody, "Selecting").unwrap();
+    assert_eq!(
+        (selecting.status.as_str(), selecting.reason.as_str()),
+        ("False", "NoSessionsMatch")
+    );
+
+    kubectl_ok([
+        "patch",
+        "budget",
+        "team",
+        "-n",
+        &ns.name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"tokens":100000}}"#,
+    ]);
+    wait_until(
+        Duration::from_secs(120),
+        "all sessions succeeded after the raise",
+        || async {
+            let all = sessions(&client, &ns.name).await;
+            (all.len() == SESSIONS && all.iter().all(succeeded)).then_some(())
+        },
+    )
+    .await;
+    let total = SESSIONS as u64 * TURNS as u64 * TURN_TOKENS;
+    assert_eq!(tally.recorded_turns(), total);
+    wait_until(
+        Duration::from_secs(30),
+        "the Budget counts all 6000 tokens",
+        || async { (used(&budget(&client, &ns.name, "team").await) == total).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_count_is_exact_across_sigkills_of_two_racing_operators() {
+    let Some((client, ns)) = support::cluster_namespace("budget-kills").await else {
+        return;
+    };
+    let tally = Tally::default();
+    let server = model(tally.clone());
+    apply(&ns.name, &budget_yaml("team", 100_000, "a"));
+    apply(&ns.name, &agent_and_sessions(&server));
+    let start =
+        |i: usize| launcher::Operator::watching(BIN, &ns.name, &format!("budget-kills-{i}"));
+    let mut operators = [start(0), start(1)];
+    let mut rng = support::rng::Rng::from_env_or_time();
+    for k in 0..support::sized("AGENTS_BUDGET_KILLS", 5) {
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+        let i = k % 2;
+        operators[i].kill();
+        operators[i] = start(i);
+    }
+    wait_until(
+        Duration::from_secs(180),
+        "all sessions succeeded",
+        || async {
+            let all = sessions(&client, &ns.name).await;
+            (all.len() == SESSIONS && all.iter().all(succeeded)).then_some(())
+        },
+    )
+    .await;
+    let recorded = tally.recorded_turns();
+    assert_eq!(recorded, SESSIONS as u64 * TURNS as u64 * TURN_TOKENS);
+    let by_sessions: u64 = sessions(&client, &ns.name)
+        .await
+        .iter()
+        .map(|s| s.status.as_ref().map_or(0, |st| st.usage.total()))
+        .sum();
+    assert_eq!(
+        by_sessions, recorded,
+        "each session recorded each turn once"
+    );
+    let counted = wait_until(
+        Duration::from_secs(30),
+        "the Budget's count settles",
+        || async {
+            let b = budget(&client, &ns.name, "team").await;
+            (used(&b) >= recorded).then_some(used(&b))
+        },
+    )
+    .await;
+    println!(
+        "fake reported {} tokens ({} turns recorded); Budget used {counted}",
+        tally.reported(),
+        recorded
+    );
+    assert_eq!(
+        counted, recorded,
+        "every recorded turn counted exactly once"
+    );
+    let team = budget(&client, &ns.name, "team").await;
+    assert_eq!(team.status.unwrap().charged.len(), SESSIONS);
+}
+
+#[tokio::test]
+async fn bad_budgets_are_refused_at_admission_with_a_message() {
+    let Some((_client, ns)) = support::cluster_namespace("budget-bad").await else {
+        return;
+    };
+    for (spec, says) in [
+        ("{tokens: -5}", "spec.tokens"),
+        ("{tokens: 10000000000000}", "spec.tokens"),
+        ("{cost: {amount: 5}}", "spec.cost.currency"),
+        ("{cost: {amount: -1, currency: USD}}", "spec.cost.amount"),
+        (
+            "{cost: {amount: 5, currency: dollars}}",
+            "spec.cost.currency",
+        ),
+        ("{period: day}", "a Budget bounds tokens, cost or both"),
+    ] {
+        let file = support::scratch::Scratch::new("budget-bad");
+        let yaml = format!("apiVersion: agents-exe.io/v1alpha1\nkind: Budget\nmetadata: {{name: bad}}\nspec: {spec}\n");
+        let path = file.write("b.yaml", &yaml);
+        let out = kubectl(["apply", "-n", &ns.name, "-f", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{spec}: {err}");
+    }
+}
