@@ -199,6 +199,22 @@ impl TokenUsage {
     pub fn total(&self) -> u64 {
         self.prompt_tokens + self.completion_tokens
     }
+    pub fn is_none(&self) -> bool {
+        *self == TokenUsage::default()
+    }
+    /// `self` less `other`, each count at least 0.
+    pub fn less(&self, other: &TokenUsage) -> TokenUsage {
+        TokenUsage {
+            prompt_tokens: self.prompt_tokens.saturating_sub(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_sub(other.completion_tokens),
+            cached_prompt_tokens: self
+                .cached_prompt_tokens
+                .saturating_sub(other.cached_prompt_tokens),
+            cost_micros: self.cost_micros.saturating_sub(other.cost_micros),
+        }
+    }
     pub fn add(&mut self, other: TokenUsage) {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;

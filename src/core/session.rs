@@ -262,6 +262,11 @@ pub struct SessionState {
     /// Token usage summed over the session.
     #[serde(default)]
     pub usage: TokenUsage,
+    /// Of `usage`, what the session's sub-agents spent (added with each
+    /// child's answer): a namespace Budget counts each session's own spend
+    /// only, since the children are sessions it counts too.
+    #[serde(default, skip_serializing_if = "TokenUsage::is_none")]
+    pub children_usage: TokenUsage,
     /// The final answer, once the session succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
@@ -338,6 +343,7 @@ impl SessionState {
             inbox: Vec::new(),
             agent_turns: 0,
             usage: TokenUsage::default(),
+            children_usage: TokenUsage::default(),
             answer: None,
             failure: None,
             model_attempts: 0,

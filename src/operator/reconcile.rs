@@ -202,9 +202,11 @@ async fn charge_budgets(
     state: &crate::core::SessionState,
     resolved: &Resolved,
 ) -> Result<Option<Duration>, Error> {
+    // Its own spend: its sub-agents are sessions the Budgets count too.
+    let own = state.usage.less(&state.children_usage);
     let total = crate::api::namespace_budget::Spent {
-        tokens: state.usage.total(),
-        cost_micros: state.usage.cost_micros,
+        tokens: own.total(),
+        cost_micros: own.cost_micros,
     };
     let currency = resolved
         .runtime

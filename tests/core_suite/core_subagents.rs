@@ -362,8 +362,13 @@ fn a_childs_usage_is_added_once_with_its_answer() {
     let mut expected = own;
     expected.add(usage);
     assert_eq!(s.state().usage, expected, "added with the answer");
+    // Kept apart too: a namespace Budget charges each session its own
+    // spend, the child being a session it counts itself.
+    assert_eq!(s.state().children_usage, usage);
+    assert_eq!(s.state().usage.less(&s.state().children_usage), own);
     s.handle(answer(&token), T0).unwrap();
     assert_eq!(s.state().usage, expected, "a second delivery adds nothing");
+    assert_eq!(s.state().children_usage, usage, "nor to the children's");
 
     // After a crash: the answer comes back from the continuation (a wake).
     let (mut s, _) = replied(

@@ -306,9 +306,10 @@ impl Session {
         // Counted before the answer is handled, so that the budget check
         // of the work it lets start (the next model call) sees the child's
         // spend; taken back when the answer did not end the call.
-        let before = self.state.usage;
+        let before = (self.state.usage, self.state.children_usage);
         if open_before {
             self.state.usage.add(usage);
+            self.state.children_usage.add(usage);
         }
         let handled = self.handle(event, now);
         // A call that ended leaves the open turn once all its turn's calls did.
@@ -317,7 +318,7 @@ impl Session {
             .find_call(&token)
             .is_none_or(|c| c.state().is_final());
         if handled.is_err() || !ended {
-            self.state.usage = before;
+            (self.state.usage, self.state.children_usage) = before;
         }
         handled
     }
