@@ -8,6 +8,7 @@
 //!    write of the step, and settles them once more only when they changed;
 //! 3. the report: Events, metrics, notifications and the requeue.
 
+use super::api_requests::Tally;
 use super::background::SessionRunner;
 use super::resolve::{resolve, NotReady, Resolved};
 use super::{events, failure, notify, publish, report, retention, task_cancel, Context, Error};
@@ -57,7 +58,11 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     // The step starts from the watch's copy only when it is the newest
     // this process saw: an older one would show the operator's own claim
     // of a call as work cut off, and the call would run again.
-    let store = ctx.store(&ns).starting_from(ctx.handed.take(&ns, &name));
+    // Its requests are noted, to count what a wake asks before it writes.
+    let tally = Tally::default();
+    let store = ctx
+        .store_over(&tally.client(&ctx.client), &ns)
+        .starting_from(ctx.handed.take(&ns, &name));
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
@@ -74,7 +79,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
             return report_not_ready(&ctx, &session, store, not_ready).await;
         }
     }
-    match Stepped::step(&ctx, &session, &ns, store, resolved).await? {
+    match Stepped::step(&ctx, &session, &ns, store, resolved, tally).await? {
         Some(stepped) => Ok(stepped.report(&ctx, &session, &ns, ttl).await),
         None => Ok(Action::await_change()),
     }
@@ -93,6 +98,8 @@ struct Stepped {
     notify: Option<notify::Target>,
     /// Who the step's model turns spent for (metrics labels).
     spend: report::SpendLabels,
+    /// The reconcile's API requests so far.
+    tally: Tally,
 }
 
 impl Stepped {
@@ -104,6 +111,7 @@ impl Stepped {
         ns: &str,
         store: KubeStore,
         resolved: Resolved,
+        tally: Tally,
     ) -> Result<Option<Stepped>, Error> {
         let store = store.with_report(Arc::new(report::SessionConditions {
             ready: report::ready(
@@ -136,6 +144,7 @@ impl Stepped {
                 agent: resolved.agent_name.clone(),
                 model: resolved.model_name.clone(),
             },
+            tally,
         }))
     }
 
@@ -150,7 +159,12 @@ impl Stepped {
             store,
             notify,
             spend,
+            tally,
         } = self;
+        if progress.iter().any(|p| matches!(p, Progress::Woke { .. })) {
+            ctx.metrics
+                .wake_requests_before_write(tally.before_first_write());
+        }
         report_step(ctx, session, &step, progress, &spend);
         let quota_retry = quota.map(|why| held_by_quota(ctx, session, why));
         // Waits for a person are announced once each (a marker in the
@@ -252,7 +266,7 @@ async fn step_session(
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
         children: super::children::Children {
-            client: ctx.client.clone(),
+            client: store.client().clone(),
             namespace: ns.to_string(),
             parent: session.name_any(),
             parent_uid: session.uid().unwrap_or_default(),

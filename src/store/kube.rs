@@ -61,11 +61,13 @@ mod handed;
 mod memory_cache;
 mod ports;
 mod records;
+mod watched;
 pub use blob_cache::{BlobCache, SHARED_BLOB_BYTES};
 pub use fork::fork_spec;
 pub use handed::{HandedSessions, KnownVersions};
 pub use memory_cache::*;
 pub use records::*;
+pub use watched::WatchedContinuations;
 
 /// The label that ties a Continuation to its Session (by name; the owner
 /// reference ties it by UID).
@@ -131,6 +133,10 @@ pub struct KubeStore {
     /// The newest version of each session this process saw, shared by the
     /// operator's steps (see [`KnownVersions`]).
     known: Arc<KnownVersions>,
+    /// The Continuations the operator's watch delivered: a step lists a
+    /// session's from it when it is new enough (see
+    /// [`WatchedContinuations`]); without it, from the API server.
+    watched: Option<Arc<WatchedContinuations>>,
     client: Client,
 }
 
@@ -152,6 +158,7 @@ impl KubeStore {
             blobs: Default::default(),
             handed: Default::default(),
             known: Default::default(),
+            watched: None,
             report: Arc::new(StateConditions),
             seen: Default::default(),
             listed: Default::default(),
@@ -198,6 +205,13 @@ impl KubeStore {
         self
     }
 
+    /// Lists a session's Continuations from the operator's watch when it
+    /// is new enough (see [`WatchedContinuations`]).
+    pub fn with_watched_continuations(mut self, watched: Arc<WatchedContinuations>) -> Self {
+        self.watched = Some(watched);
+        self
+    }
+
     /// Shares the spilled blobs read and written between stores (the
     /// operator keeps one per process, bounded in bytes).
     pub fn with_blob_cache(mut self, blobs: Arc<BlobCache>) -> Self {
@@ -218,6 +232,11 @@ impl KubeStore {
 
     fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The client this store sends its requests through.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     pub fn namespace(&self) -> &str {

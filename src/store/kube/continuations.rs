@@ -82,14 +82,10 @@ impl KubeStore {
         &self,
         owner: &SessionRef,
     ) -> StoreResult<Vec<ContinuationRecord>> {
-        let list = self
-            .continuations
-            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", owner.id.0)))
-            .await
-            .map_err(backend)?;
+        let items = self.labelled_objects(&owner.id).await?;
         let mut out = Vec::new();
         let mut listed = HashMap::new();
-        for c in list.items {
+        for c in items {
             if controller_uid(&c).as_deref() != Some(owner.uid.as_str()) {
                 continue;
             }
@@ -100,6 +96,32 @@ impl KubeStore {
         self.listed_all.store(true, Ordering::SeqCst);
         out.sort_by_key(|r| (r.spec.call_id.turn, r.spec.call_id.index));
         Ok(out)
+    }
+
+    /// The Continuations labelled with session `id`: from the operator's
+    /// watch when it is new enough for them, else listed by the API server.
+    async fn labelled_objects(&self, id: &SessionId) -> StoreResult<Vec<Continuation>> {
+        let watched = self.watched.as_ref();
+        if let Some(cached) = watched.and_then(|w| w.labelled(&self.namespace, &id.0)) {
+            return Ok(cached.iter().map(|c| Continuation::clone(c)).collect());
+        }
+        let list = self
+            .continuations
+            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", id.0)))
+            .await
+            .map_err(backend)?;
+        if let Some(w) = watched {
+            w.note_listed(&self.namespace, &id.0, &list.items);
+        }
+        Ok(list.items)
+    }
+
+    /// Notes an object the API server answered with, so that the watch is
+    /// not trusted for its session until it shows it.
+    fn note_live(&self, c: &Continuation) {
+        if let Some(w) = &self.watched {
+            w.note_live(c);
+        }
     }
 
     pub(crate) async fn ensure_continuation(
@@ -115,7 +137,10 @@ impl KubeStore {
         let listed = self.listed.lock().expect("listed lock").get(name).cloned();
         let known = match listed {
             Some(c) => Some(c),
-            None => self.continuations.get_opt(name).await.map_err(backend)?,
+            None => {
+                let read = self.continuations.get_opt(name).await.map_err(backend)?;
+                read.inspect(|c| self.note_live(c))
+            }
         };
         let existing = match known {
             Some(c) => self.adopt(c, owner)?,
@@ -153,6 +178,7 @@ impl KubeStore {
         {
             Ok(created) => {
                 debug!(token = %name, session = %owner.id, "continuation created");
+                self.note_live(&created);
                 Ok(created)
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
@@ -166,6 +192,7 @@ impl KubeStore {
                             "continuation {name} was deleted while being adopted; try again"
                         ))
                     })?;
+                self.note_live(&current);
                 self.adopt(current, owner)
             }
             Err(e) if exceeded_quota(&e).is_some() => {
@@ -210,6 +237,7 @@ impl KubeStore {
             .await
         {
             Ok(updated) => {
+                self.note_live(&updated);
                 self.note_listed(&updated);
                 return self.read_continuation(&updated).await;
             }
@@ -226,6 +254,7 @@ impl KubeStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
+        self.note_live(&current);
         self.note_listed(&current);
         self.read_continuation(&current).await
     }
@@ -432,7 +461,10 @@ impl KubeStore {
                 .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                Ok(_) => return Ok(WriteOnce::Recorded),
+                Ok(written) => {
+                    self.note_live(&written);
+                    return Ok(WriteOnce::Recorded);
+                }
                 Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
                 Err(kube::Error::Api(s)) if s.code == 422 => {
                     let rec = self

@@ -115,7 +115,7 @@ impl KnownVersions {
 }
 
 /// JSON bytes of `value`, counted without keeping them.
-fn json_size<T: serde::Serialize>(value: &T) -> usize {
+pub(super) fn json_size<T: serde::Serialize>(value: &T) -> usize {
     struct Count(usize);
     impl Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
