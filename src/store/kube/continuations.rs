@@ -116,11 +116,12 @@ impl KubeStore {
         Ok(list.items)
     }
 
-    /// Notes an object the API server answered with, so that the watch is
-    /// not trusted for its session until it shows it.
-    fn note_live(&self, c: &Continuation) {
+    /// Notes an object the API server answered with (to a write of the
+    /// object at version `based_on`, or a read), so that a step does not
+    /// take the watch's older copy for the newest.
+    fn note_live(&self, c: &Continuation, based_on: Option<&str>) {
         if let Some(w) = &self.watched {
-            w.note_live(c);
+            w.note_live(c, based_on);
         }
     }
 
@@ -132,14 +133,24 @@ impl KubeStore {
     ) -> StoreResult<ContinuationRecord> {
         let name = &spec.token.0;
         // The engine re-ensures every open deferred call each step: one
-        // listed in this step needs no call; else read before creating (a
-        // refused create is still a write).
+        // listed in this step needs no call, nor one the watch is new
+        // enough for (absent there is absent: a create refused as existing
+        // adopts); else read before creating (a refused create is still a
+        // write).
         let listed = self.listed.lock().expect("listed lock").get(name).cloned();
-        let known = match listed {
-            Some(c) => Some(c),
-            None => {
+        let watched = self
+            .watched
+            .as_ref()
+            .and_then(|w| w.labelled(&self.namespace, &owner.id.0));
+        let known = match (listed, watched) {
+            (Some(c), _) => Some(c),
+            (None, Some(view)) => view
+                .iter()
+                .find(|c| c.name_any() == *name)
+                .map(|c| Continuation::clone(c)),
+            (None, None) => {
                 let read = self.continuations.get_opt(name).await.map_err(backend)?;
-                read.inspect(|c| self.note_live(c))
+                read.inspect(|c| self.note_live(c, None))
             }
         };
         let existing = match known {
@@ -178,7 +189,7 @@ impl KubeStore {
         {
             Ok(created) => {
                 debug!(token = %name, session = %owner.id, "continuation created");
-                self.note_live(&created);
+                self.note_live(&created, None);
                 Ok(created)
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
@@ -192,7 +203,7 @@ impl KubeStore {
                             "continuation {name} was deleted while being adopted; try again"
                         ))
                     })?;
-                self.note_live(&current);
+                self.note_live(&current, None);
                 self.adopt(current, owner)
             }
             Err(e) if exceeded_quota(&e).is_some() => {
@@ -237,7 +248,7 @@ impl KubeStore {
             .await
         {
             Ok(updated) => {
-                self.note_live(&updated);
+                self.note_live(&updated, existing.resource_version().as_deref());
                 self.note_listed(&updated);
                 return self.read_continuation(&updated).await;
             }
@@ -254,7 +265,7 @@ impl KubeStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
-        self.note_live(&current);
+        self.note_live(&current, None);
         self.note_listed(&current);
         self.read_continuation(&current).await
     }
@@ -462,7 +473,7 @@ impl KubeStore {
                 .await
             {
                 Ok(written) => {
-                    self.note_live(&written);
+                    self.note_live(&written, version.as_deref());
                     return Ok(WriteOnce::Recorded);
                 }
                 Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
