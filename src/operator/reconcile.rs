@@ -128,6 +128,10 @@ impl Stepped {
         let (step, progress, quota) = step_session(ctx, session, ns, &store, &resolved).await?;
         let id = SessionId(session.name_any());
         let settled = store.settle(&id, &step.state).await?;
+        // The next step (often a wake) starts from it without a read.
+        if let Some((newest, older)) = store.take_newest() {
+            ctx.handed.hand_back(&newest, &older);
+        }
         task_cancel::keep_finalizer(ctx, session, ns, &step.state, uses_mcp, held).await?;
         ctx.background
             .prune(&session.uid().unwrap_or_default(), &step.state);

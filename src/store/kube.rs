@@ -105,6 +105,22 @@ fn seen_of(obj: &Session) -> Seen {
     }
 }
 
+/// The newest copy of its session a store got, and the versions before it.
+#[derive(Default)]
+struct Newest {
+    copy: Option<Session>,
+    older: Vec<String>,
+}
+
+impl Newest {
+    fn note(&mut self, obj: &Session) {
+        if let Some(version) = self.copy.take().and_then(|c| c.resource_version()) {
+            self.older.push(version);
+        }
+        self.copy = Some(obj.clone());
+    }
+}
+
 /// The engine's store ports over the API server, in one namespace.
 #[derive(Clone)]
 pub struct KubeStore {
@@ -130,6 +146,9 @@ pub struct KubeStore {
     /// The Session a watch handed in: the first load starts from it
     /// instead of reading it again; a load after a conflict reads.
     handed: Arc<Mutex<Option<Session>>>,
+    /// The newest copy of the session this store read or wrote, for the
+    /// next step ([`HandedSessions::hand_back`]).
+    newest: Arc<Mutex<Newest>>,
     /// The newest version of each session this process saw, shared by the
     /// operator's steps (see [`KnownVersions`]).
     known: Arc<KnownVersions>,
@@ -157,6 +176,7 @@ impl KubeStore {
             client,
             blobs: Default::default(),
             handed: Default::default(),
+            newest: Default::default(),
             known: Default::default(),
             watched: None,
             report: Arc::new(StateConditions),
@@ -341,6 +361,7 @@ impl KubeStore {
         };
         let record = self.read_session(&obj).await?;
         self.remember(&id.0, seen_of(&obj));
+        self.newest.lock().expect("newest lock").note(&obj);
         Ok(Some(Versioned {
             value: record,
             version: version_of(&obj.metadata)?,
@@ -461,7 +482,16 @@ impl KubeStore {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
             .await?;
         self.remember(name, seen_of(&obj));
+        self.newest.lock().expect("newest lock").note(&obj);
         Ok(obj)
+    }
+
+    /// The newest copy of the session this store read or wrote, once,
+    /// with the versions it got before that one (all older).
+    pub fn take_newest(&self) -> Option<(Session, Vec<String>)> {
+        let mut newest = self.newest.lock().expect("newest lock");
+        let copy = newest.copy.take()?;
+        Some((copy, std::mem::take(&mut newest.older)))
     }
 
     /// Changes the Session's spec (pause, resume, retry): a merge patch of
