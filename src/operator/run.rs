@@ -227,11 +227,16 @@ pub async fn run_with(
         &health,
         format!("watch sessions/{scope}"),
     )
-    .modify({
+    .map_ok({
         let handed = ctx_handed.clone();
-        move |s| {
-            handed.hand_in(s);
-            keep_what_reconcile_reads(s)
+        move |event| {
+            // A deleted session's copy would wait for a step that never comes.
+            match &event {
+                watcher::Event::Delete(s) => handed.forget(s),
+                watcher::Event::Apply(s) | watcher::Event::InitApply(s) => handed.hand_in(s),
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+            event.modify(keep_what_reconcile_reads)
         }
     })
     .reflect(writer)

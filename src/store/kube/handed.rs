@@ -82,7 +82,10 @@ impl HandedSessions {
         let key = key_of(session);
         let size = json_size(session);
         let mut handed = self.0.lock().expect("handed lock");
-        let full = handed.kept.len() >= HANDED_MOST || handed.bytes + size > HANDED_BYTES_MOST;
+        // Half the room at most, so copies kept for waiting sessions never
+        // crowd out what the watch hands in.
+        let full =
+            handed.kept.len() >= HANDED_MOST / 2 || handed.bytes + size > HANDED_BYTES_MOST / 2;
         let delivered = handed
             .kept
             .get(&key)
@@ -99,6 +102,14 @@ impl HandedSessions {
         }
         handed.bytes += size;
         handed.kept.insert(key, (session.clone(), size));
+    }
+
+    /// Drops the copy of `session` (deleted: no step will take it).
+    pub fn forget(&self, session: &Session) {
+        let mut handed = self.0.lock().expect("handed lock");
+        if let Some((_, size)) = handed.kept.remove(&key_of(session)) {
+            handed.bytes -= size;
+        }
     }
 
     /// The object the watch last handed in for `namespace/name`, once.
@@ -247,6 +258,21 @@ mod tests {
         });
         handed.hand_back(&done, &[]);
         assert!(handed.take("ns", "s").is_none(), "finished: not kept");
+        handed.hand_in(&session("s", "10", "hi"));
+        handed.forget(&session("s", "11", "hi"));
+        assert!(handed.take("ns", "s").is_none(), "deleted: forgotten");
+        assert_eq!(handed.bytes(), 0);
+    }
+
+    #[test]
+    fn copies_handed_back_take_half_the_room_at_most() {
+        let handed = HandedSessions::default();
+        for i in 0..HANDED_MOST {
+            handed.hand_back(&session(&format!("s{i}"), "1", "hi"), &[]);
+        }
+        assert_eq!(handed.0.lock().unwrap().kept.len(), HANDED_MOST / 2);
+        handed.hand_in(&session("watched", "1", "hi"));
+        assert!(handed.take("ns", "watched").is_some(), "room for the watch");
     }
 
     #[test]
