@@ -27,6 +27,8 @@
 //! | `agents_leader` | gauge | 1 while this replica holds the Lease |
 //! | `agents_events_dropped_total` | counter | (Events not written) |
 //! | `agents_namespace_at_cap_total` | counter | (reconciles put off: their namespace held all its slots) |
+//! | `agents_api_requests_total` | counter | `verb`, `resource` (every request to the API server, each attempt) |
+//! | `agents_wake_requests_before_write` | histogram | (API requests of a step that took in an outside result, before its first write) |
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -93,6 +95,13 @@ struct SpendLabels {
     model: String,
 }
 
+/// An API request as the API server names it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiRequestLabels {
+    verb: String,
+    resource: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: String,
@@ -117,6 +126,8 @@ pub struct Metrics {
     /// The (namespace, agent, model) sets the spend counters have, bounded
     /// by [`SPEND_LABEL_SETS`]: tenants choose agent and model names.
     spend_label_sets: std::sync::Mutex<std::collections::HashSet<SpendLabels>>,
+    api_requests: Family<ApiRequestLabels, Counter>,
+    wake_requests: Histogram,
 }
 
 /// A counter registered under `name`.
@@ -217,8 +228,23 @@ impl Metrics {
             "namespace_at_cap",
             "Reconciles put off because their namespace held all the reconciles it may hold at once",
         );
+        let api_requests = Family::<ApiRequestLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests to the API server, by verb and resource as the API server names them (each attempt of a retried one)",
+            api_requests.clone(),
+        );
+        // Whole requests: a wake should need at most one before it writes.
+        let wake_requests = Histogram::new([0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0]);
+        registry.register(
+            "wake_requests_before_write",
+            "API requests a reconcile that took in an outside result (a person's, a worker's, a Job's) sent before its first write",
+            wake_requests.clone(),
+        );
         Metrics {
             registry,
+            api_requests,
+            wake_requests,
             reconciles,
             reconcile_errors,
             tool_calls,
@@ -332,6 +358,22 @@ impl Metrics {
     /// A reconcile was put off: its namespace held all its slots.
     pub fn namespace_at_cap(&self) {
         self.namespace_at_cap.inc();
+    }
+
+    /// One request was sent to the API server.
+    pub fn api_request(&self, verb: &str, resource: &str) {
+        self.api_requests
+            .get_or_create(&ApiRequestLabels {
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    /// A reconcile took in an outside result after sending `requests`
+    /// requests, before its first write.
+    pub fn wake_requests_before_write(&self, requests: usize) {
+        self.wake_requests.observe(requests as f64);
     }
 
     /// One Kubernetes Event was not written.

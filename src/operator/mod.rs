@@ -26,6 +26,7 @@
 //! (finished sessions deleted), [`failure`] (a reconcile that failed).
 
 pub mod agents;
+pub mod api_requests;
 pub mod background;
 mod budget_status;
 mod budgets;
@@ -200,6 +201,9 @@ pub struct Context {
     /// Spilled blobs (archived turns, large results) read or written,
     /// immutable, bounded in bytes.
     blobs: Arc<crate::store::kube::BlobCache>,
+    /// The Continuations the watch delivered: a step lists a session's
+    /// from here when the watch is new enough for them.
+    continuations: Arc<crate::store::kube::WatchedContinuations>,
 }
 
 impl Context {
@@ -245,16 +249,24 @@ impl Context {
             blobs: Arc::new(crate::store::kube::BlobCache::with_bound(
                 crate::store::kube::SHARED_BLOB_BYTES,
             )),
+            continuations: Default::default(),
         }
     }
 
     /// The store every session write of this process goes through: it
     /// shares the result cache and notes each version it reads or writes.
     fn store(&self, ns: &str) -> crate::store::kube::KubeStore {
-        crate::store::kube::KubeStore::new(self.client.clone(), ns)
+        self.store_over(&self.client, ns)
+    }
+
+    /// [`Self::store`] sending its requests through `client` (one that
+    /// counts a reconcile's requests).
+    fn store_over(&self, client: &Client, ns: &str) -> crate::store::kube::KubeStore {
+        crate::store::kube::KubeStore::new(client.clone(), ns)
             .with_cache(self.cache.clone())
             .with_known_versions(self.known.clone())
             .with_blob_cache(self.blobs.clone())
+            .with_watched_continuations(self.continuations.clone())
     }
 }
 

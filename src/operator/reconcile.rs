@@ -8,6 +8,7 @@
 //!    write of the step, and settles them once more only when they changed;
 //! 3. the report: Events, metrics, notifications and the requeue.
 
+use super::api_requests::Tally;
 use super::background::SessionRunner;
 use super::resolve::{resolve, NotReady, Resolved};
 use super::{events, failure, notify, publish, report, retention, task_cancel, Context, Error};
@@ -57,7 +58,11 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     // The step starts from the watch's copy only when it is the newest
     // this process saw: an older one would show the operator's own claim
     // of a call as work cut off, and the call would run again.
-    let store = ctx.store(&ns).starting_from(ctx.handed.take(&ns, &name));
+    // Its requests are noted, to count what a wake asks before it writes.
+    let tally = Tally::default();
+    let store = ctx
+        .store_over(&tally.client(&ctx.client), &ns)
+        .starting_from(ctx.handed.take(&ns, &name));
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
@@ -74,7 +79,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
             return report_not_ready(&ctx, &session, store, not_ready).await;
         }
     }
-    match Stepped::step(&ctx, &session, &ns, store, resolved).await? {
+    match Stepped::step(&ctx, &session, &ns, store, resolved, tally).await? {
         Some(stepped) => Ok(stepped.report(&ctx, &session, &ns, ttl).await),
         None => Ok(Action::await_change()),
     }
@@ -96,6 +101,8 @@ struct Stepped {
     /// When a namespace Budget lets the session look again (its period's
     /// end), or a charge that lost its races is tried again.
     budget_wake: Option<Duration>,
+    /// The reconcile's API requests so far.
+    tally: Tally,
 }
 
 impl Stepped {
@@ -107,6 +114,7 @@ impl Stepped {
         ns: &str,
         store: KubeStore,
         mut resolved: Resolved,
+        tally: Tally,
     ) -> Result<Option<Stepped>, Error> {
         let store = store.with_report(Arc::new(report::SessionConditions {
             ready: report::ready(
@@ -133,6 +141,10 @@ impl Stepped {
                 .and_then(|_| super::budgets::next_period_end(&shared, now)));
         let id = SessionId(session.name_any());
         let settled = store.settle(&id, &step.state).await?;
+        // The next step (often a wake) starts from it without a read.
+        if let Some((newest, older)) = store.take_newest() {
+            ctx.handed.hand_back(&newest, &older);
+        }
         task_cancel::keep_finalizer(ctx, session, ns, &step.state, uses_mcp, held).await?;
         ctx.background
             .prune(&session.uid().unwrap_or_default(), &step.state);
@@ -150,6 +162,7 @@ impl Stepped {
                 model: resolved.model_name.clone(),
             },
             budget_wake,
+            tally,
         }))
     }
 
@@ -165,7 +178,12 @@ impl Stepped {
             notify,
             spend,
             budget_wake,
+            tally,
         } = self;
+        if progress.iter().any(|p| matches!(p, Progress::Woke { .. })) {
+            ctx.metrics
+                .wake_requests_before_write(tally.before_first_write());
+        }
         report_step(ctx, session, &step, progress, &spend);
         let quota_retry = quota.map(|why| held_by_quota(ctx, session, why));
         // Waits for a person are announced once each (a marker in the
@@ -296,7 +314,7 @@ async fn step_session(
         tools: resolved.tools.clone(),
         jobs: ctx.jobs.as_ref().map(|j| j.with_namespace(ns)),
         children: super::children::Children {
-            client: ctx.client.clone(),
+            client: store.client().clone(),
             namespace: ns.to_string(),
             parent: session.name_any(),
             parent_uid: session.uid().unwrap_or_default(),

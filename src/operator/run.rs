@@ -2,13 +2,14 @@
 //! watched namespace with its triggers, and the loops beside it (the API
 //! probe, the sweep of deleted sessions' runs, the resync).
 
+use super::api_requests::CountLayer;
 use super::background::Background;
 use super::health::{api, api_probe, tracked_watch};
 use super::{agents, failure, reconcile, Context, Options};
 use crate::api::{Agent, Budget, Continuation, Session};
 use crate::engine::holder::OperatorIdentity;
 use crate::engine::Holder;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -38,9 +39,9 @@ pub fn lease_identity(identity: &OperatorIdentity) -> String {
 /// starting work before that, and its claims keep its work from running
 /// twice).
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let clients = clients(opts.api_rate).await?;
-    let client = clients.requests.clone();
     let metrics = Arc::new(crate::observe::Metrics::new());
+    let clients = clients(opts.api_rate, &metrics).await?;
+    let client = clients.requests.clone();
     let health = crate::observe::Health::new();
     health.set_stall_bound(opts.stall_bound);
     let server = crate::observe::MetricsServer::bind(opts.metrics_addr)
@@ -123,24 +124,32 @@ pub struct ApiRate {
     pub burst: u32,
 }
 
-async fn clients(rate: Option<ApiRate>) -> anyhow::Result<Clients> {
+async fn clients(
+    rate: Option<ApiRate>,
+    metrics: &Arc<crate::observe::Metrics>,
+) -> anyhow::Result<Clients> {
     let mut config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!("no usable cluster connection ({e}); set KUBECONFIG or run in a pod with a service account")
     })?;
     // A SYN into the void fails fast, and is retried with backoff.
     config.connect_timeout = Some(Duration::from_secs(5));
-    let watches = client_over(config.clone(), None)?;
+    let count = CountLayer(metrics.clone());
+    let watches = client_over(config.clone(), None, &count)?;
     config.read_timeout = Some(API_READ_TIMEOUT);
     config.reset_reader_on_write = true;
-    let requests = client_over(config, rate)?;
+    let requests = client_over(config, rate, &count)?;
     Ok(Clients { requests, watches })
 }
 
 /// A client that waits and retries when the API server says it is busy
 /// (429 from Priority and Fairness, 503, 504; after `Retry-After` when
 /// given), paced by `rate` when one is set. Only bodies held whole are
-/// resent, so nothing is half-sent twice.
-fn client_over(config: kube::Config, rate: Option<ApiRate>) -> anyhow::Result<Client> {
+/// resent, so nothing is half-sent twice. Every attempt is counted.
+fn client_over(
+    config: kube::Config,
+    rate: Option<ApiRate>,
+    count: &CountLayer,
+) -> anyhow::Result<Client> {
     use tower::{buffer::BufferLayer, limit::RateLimitLayer, retry::RetryLayer};
     let retry = RetryLayer::new(kube::client::retry::RetryPolicy::new(
         Duration::from_millis(100),
@@ -148,7 +157,7 @@ fn client_over(config: kube::Config, rate: Option<ApiRate>) -> anyhow::Result<Cl
         8,
         true,
     )?);
-    let base = kube::client::ClientBuilder::try_from(config)?;
+    let base = kube::client::ClientBuilder::try_from(config)?.with_layer(count);
     Ok(match rate {
         Some(ApiRate { qps, burst }) => {
             let window = Duration::from_secs_f64(f64::from(burst) / f64::from(qps.max(1)));
@@ -219,11 +228,16 @@ pub async fn run_with(
         &health,
         format!("watch sessions/{scope}"),
     )
-    .modify({
+    .map_ok({
         let handed = ctx_handed.clone();
-        move |s| {
-            handed.hand_in(s);
-            keep_what_reconcile_reads(s)
+        move |event| {
+            // A deleted session's copy would wait for a step that never comes.
+            match &event {
+                watcher::Event::Delete(s) => handed.forget(s),
+                watcher::Event::Apply(s) | watcher::Event::InitApply(s) => handed.hand_in(s),
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+            event.modify(keep_what_reconcile_reads)
         }
     })
     .reflect(writer)
@@ -259,22 +273,22 @@ pub async fn run_with(
         );
     let agents = agents::controller(&watching, ns, ctx.clone(), &health);
     let budgets = budgets_controller(&client, &watching, ns, &health, &sessions);
-    let triggers = Writers {
+    let watched = Watched {
         agents: agents_writer,
         budgets: budgets_writer,
+        continuations: ctx.continuations.clone(),
     };
-    let sessions_controller =
-        with_triggers(controller, &watching, ns, &health, &sessions, triggers)
-            .reconcile_on(wakes)
-            .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
-            .shutdown_on_signal()
-            .run(reconcile::reconcile, failure::error_policy, ctx)
-            .for_each(|res| async move {
-                match res {
-                    Ok((obj, _)) => debug!(session = %obj, "reconciled"),
-                    Err(e) => debug!(error = %e, "reconcile not done"),
-                }
-            });
+    let sessions_controller = with_triggers(controller, &watching, ns, &health, &sessions, watched)
+        .reconcile_on(wakes)
+        .with_config(controller::Config::default().concurrency(opts.max_concurrent_reconciles))
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, failure::error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(session = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile not done"),
+            }
+        });
     futures::join!(sessions_controller, agents, budgets);
     drop(controller_guard);
     info!("operator stopped");
@@ -316,10 +330,12 @@ fn budgets_controller(
         .for_each(|_| async {})
 }
 
-/// The reflectors the session controller's triggers fill.
-struct Writers {
+/// What the trigger watches keep for the reconciles beside waking them.
+struct Watched {
     agents: kube::runtime::reflector::store::Writer<Agent>,
     budgets: kube::runtime::reflector::store::Writer<Budget>,
+    /// Taken in before the wake, so the woken step finds what woke it.
+    continuations: Arc<crate::store::kube::WatchedContinuations>,
 }
 
 /// What else steps a session: its Continuations (a result written), the
@@ -331,7 +347,7 @@ fn with_triggers(
     ns: Option<&str>,
     health: &crate::observe::Health,
     sessions: &Store<Session>,
-    writers: Writers,
+    watched: Watched,
 ) -> Controller<Session> {
     let scope = ns.unwrap_or("all");
     let by_agent = sessions.clone();
@@ -345,6 +361,7 @@ fn with_triggers(
                 health,
                 format!("watch continuations/{scope}"),
             )
+            .inspect_ok(move |event| watched.continuations.apply(event))
             .touched_objects(),
         )
         // A sub-agent's child changing (ended, deleted) steps its parent,
@@ -365,7 +382,7 @@ fn with_triggers(
                 health,
                 format!("watch agents/{scope}"),
             )
-            .reflect(writers.agents)
+            .reflect(watched.agents)
             .touched_objects(),
             move |agent: Agent| sessions_using(&by_agent, &agent),
         )
@@ -376,7 +393,7 @@ fn with_triggers(
                 health,
                 format!("watch budgets for sessions/{scope}"),
             )
-            .reflect(writers.budgets)
+            .reflect(watched.budgets)
             .touched_objects(),
             move |budget: Budget| super::budgets::sessions_waiting_on(&by_budget, &budget),
         )

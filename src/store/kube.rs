@@ -61,11 +61,13 @@ mod handed;
 mod memory_cache;
 mod ports;
 mod records;
+mod watched;
 pub use blob_cache::{BlobCache, SHARED_BLOB_BYTES};
 pub use fork::fork_spec;
 pub use handed::{HandedSessions, KnownVersions};
 pub use memory_cache::*;
 pub use records::*;
+pub use watched::WatchedContinuations;
 
 /// The label that ties a Continuation to its Session (by name; the owner
 /// reference ties it by UID).
@@ -103,6 +105,22 @@ fn seen_of(obj: &Session) -> Seen {
     }
 }
 
+/// The newest copy of its session a store got, and the versions before it.
+#[derive(Default)]
+struct Newest {
+    copy: Option<Session>,
+    older: Vec<String>,
+}
+
+impl Newest {
+    fn note(&mut self, obj: &Session) {
+        if let Some(version) = self.copy.take().and_then(|c| c.resource_version()) {
+            self.older.push(version);
+        }
+        self.copy = Some(obj.clone());
+    }
+}
+
 /// The engine's store ports over the API server, in one namespace.
 #[derive(Clone)]
 pub struct KubeStore {
@@ -128,9 +146,16 @@ pub struct KubeStore {
     /// The Session a watch handed in: the first load starts from it
     /// instead of reading it again; a load after a conflict reads.
     handed: Arc<Mutex<Option<Session>>>,
+    /// The newest copy of the session this store read or wrote, for the
+    /// next step ([`HandedSessions::hand_back`]).
+    newest: Arc<Mutex<Newest>>,
     /// The newest version of each session this process saw, shared by the
     /// operator's steps (see [`KnownVersions`]).
     known: Arc<KnownVersions>,
+    /// The Continuations the operator's watch delivered: a step lists a
+    /// session's from it when it is new enough (see
+    /// [`WatchedContinuations`]); without it, from the API server.
+    watched: Option<Arc<WatchedContinuations>>,
     client: Client,
 }
 
@@ -151,7 +176,9 @@ impl KubeStore {
             client,
             blobs: Default::default(),
             handed: Default::default(),
+            newest: Default::default(),
             known: Default::default(),
+            watched: None,
             report: Arc::new(StateConditions),
             seen: Default::default(),
             listed: Default::default(),
@@ -198,6 +225,13 @@ impl KubeStore {
         self
     }
 
+    /// Lists a session's Continuations from the operator's watch when it
+    /// is new enough (see [`WatchedContinuations`]).
+    pub fn with_watched_continuations(mut self, watched: Arc<WatchedContinuations>) -> Self {
+        self.watched = Some(watched);
+        self
+    }
+
     /// Shares the spilled blobs read and written between stores (the
     /// operator keeps one per process, bounded in bytes).
     pub fn with_blob_cache(mut self, blobs: Arc<BlobCache>) -> Self {
@@ -218,6 +252,11 @@ impl KubeStore {
 
     fn count_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The client this store sends its requests through.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     pub fn namespace(&self) -> &str {
@@ -322,6 +361,7 @@ impl KubeStore {
         };
         let record = self.read_session(&obj).await?;
         self.remember(&id.0, seen_of(&obj));
+        self.newest.lock().expect("newest lock").note(&obj);
         Ok(Some(Versioned {
             value: record,
             version: version_of(&obj.metadata)?,
@@ -442,7 +482,16 @@ impl KubeStore {
             .patch_status(name, &status_patch_params(), &Patch::Merge(&body))
             .await?;
         self.remember(name, seen_of(&obj));
+        self.newest.lock().expect("newest lock").note(&obj);
         Ok(obj)
+    }
+
+    /// The newest copy of the session this store read or wrote, once,
+    /// with the versions it got before that one (all older).
+    pub fn take_newest(&self) -> Option<(Session, Vec<String>)> {
+        let mut newest = self.newest.lock().expect("newest lock");
+        let copy = newest.copy.take()?;
+        Some((copy, std::mem::take(&mut newest.older)))
     }
 
     /// Changes the Session's spec (pause, resume, retry): a merge patch of

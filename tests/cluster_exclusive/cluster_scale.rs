@@ -23,7 +23,9 @@
 //! each Session, and its Events leave through a bounded, paced queue, so
 //! its memory per session stays well below what a full copy of each object
 //! cost (55 KB a session before). The API server's requests per session,
-//! by verb and resource (reads included), show where its time goes.
+//! by verb and resource (reads included), show where its time goes; the
+//! operator's own counters show the requests each wake by the completer
+//! sent before its first write, and its reads per completed call.
 
 use crate::support;
 
@@ -662,6 +664,7 @@ async fn completer_rounds(
     println!("|---|---|---|---|---|---|---|---|");
     let mut rate = None;
     let mut api_rows = Vec::new();
+    let mut wake_rows = Vec::new();
     for (round, label) in ["burst", "half the burst's rate"].into_iter().enumerate() {
         let from = offset + round * n;
         apply(ns, &sessions_of("waits", "w", from, from + n));
@@ -753,6 +756,7 @@ async fn completer_rounds(
         rate.get_or_insert(round_trips);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = op.probe("/metrics").1;
+        wake_rows.push(wake_requests_row(label, n, &before, &after));
         let q = |name: &str, q: f64| ms(quantile(&before, &after, name, q));
         println!(
             "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} | {}/{} |",
@@ -784,4 +788,40 @@ async fn completer_rounds(
     for row in api_rows {
         println!("{row}");
     }
+    println!("| completer: the operator's requests (its own counters) | wakes | requests per wake before its first write: mean | p99 | Session GETs per call | Continuation LISTs per call | Continuation GETs per call |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in wake_rows {
+        println!("{row}");
+    }
+}
+
+/// The value of one sample (its name and labels, as scraped), or 0.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// What the operator's own counters say of the `n` calls completed between
+/// two scrapes: the wakes, the requests each sent before its first write
+/// (`agents_wake_requests_before_write`), and its reads per call
+/// (`agents_api_requests_total`).
+fn wake_requests_row(label: &str, n: usize, before: &str, after: &str) -> String {
+    let delta = |series: &str| sample(after, series) - sample(before, series);
+    let wakes = delta("agents_wake_requests_before_write_count");
+    let mean = delta("agents_wake_requests_before_write_sum") / wakes.max(1.0);
+    let p99 = quantile(before, after, "agents_wake_requests_before_write", 0.99)
+        .map_or("-".to_string(), |v| format!("≤ {v:.0}"));
+    let per_call = |verb: &str, resource: &str| {
+        let series =
+            format!("agents_api_requests_total{{verb=\"{verb}\",resource=\"{resource}\"}}");
+        delta(&series) / n.max(1) as f64
+    };
+    format!(
+        "| {label} | {wakes:.0} | {mean:.2} | {p99} | {:.2} | {:.2} | {:.2} |",
+        per_call("get", "sessions"),
+        per_call("list", "continuations"),
+        per_call("get", "continuations"),
+    )
 }

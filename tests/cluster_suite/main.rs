@@ -39,3 +39,4 @@ mod cluster_subagents;
 mod cluster_tenant;
 mod cluster_tracing;
 mod cluster_ui;
+mod cluster_wake_requests;

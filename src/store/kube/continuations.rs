@@ -82,14 +82,10 @@ impl KubeStore {
         &self,
         owner: &SessionRef,
     ) -> StoreResult<Vec<ContinuationRecord>> {
-        let list = self
-            .continuations
-            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", owner.id.0)))
-            .await
-            .map_err(backend)?;
+        let items = self.labelled_objects(&owner.id).await?;
         let mut out = Vec::new();
         let mut listed = HashMap::new();
-        for c in list.items {
+        for c in items {
             if controller_uid(&c).as_deref() != Some(owner.uid.as_str()) {
                 continue;
             }
@@ -102,6 +98,33 @@ impl KubeStore {
         Ok(out)
     }
 
+    /// The Continuations labelled with session `id`: from the operator's
+    /// watch when it is new enough for them, else listed by the API server.
+    async fn labelled_objects(&self, id: &SessionId) -> StoreResult<Vec<Continuation>> {
+        let watched = self.watched.as_ref();
+        if let Some(cached) = watched.and_then(|w| w.labelled(&self.namespace, &id.0)) {
+            return Ok(cached.iter().map(|c| Continuation::clone(c)).collect());
+        }
+        let list = self
+            .continuations
+            .list(&ListParams::default().labels(&format!("{SESSION_LABEL}={}", id.0)))
+            .await
+            .map_err(backend)?;
+        if let Some(w) = watched {
+            w.note_listed(&self.namespace, &id.0, &list.items);
+        }
+        Ok(list.items)
+    }
+
+    /// Notes an object the API server answered with (to a write of the
+    /// object at version `based_on`, or a read), so that a step does not
+    /// take the watch's older copy for the newest.
+    fn note_live(&self, c: &Continuation, based_on: Option<&str>) {
+        if let Some(w) = &self.watched {
+            w.note_live(c, based_on);
+        }
+    }
+
     pub(crate) async fn ensure_continuation(
         &self,
         owner: &SessionRef,
@@ -110,12 +133,25 @@ impl KubeStore {
     ) -> StoreResult<ContinuationRecord> {
         let name = &spec.token.0;
         // The engine re-ensures every open deferred call each step: one
-        // listed in this step needs no call; else read before creating (a
-        // refused create is still a write).
+        // listed in this step needs no call, nor one the watch is new
+        // enough for (absent there is absent: a create refused as existing
+        // adopts); else read before creating (a refused create is still a
+        // write).
         let listed = self.listed.lock().expect("listed lock").get(name).cloned();
-        let known = match listed {
-            Some(c) => Some(c),
-            None => self.continuations.get_opt(name).await.map_err(backend)?,
+        let watched = self
+            .watched
+            .as_ref()
+            .and_then(|w| w.labelled(&self.namespace, &owner.id.0));
+        let known = match (listed, watched) {
+            (Some(c), _) => Some(c),
+            (None, Some(view)) => view
+                .iter()
+                .find(|c| c.name_any() == *name)
+                .map(|c| Continuation::clone(c)),
+            (None, None) => {
+                let read = self.continuations.get_opt(name).await.map_err(backend)?;
+                read.inspect(|c| self.note_live(c, None))
+            }
         };
         let existing = match known {
             Some(c) => self.adopt(c, owner)?,
@@ -153,6 +189,7 @@ impl KubeStore {
         {
             Ok(created) => {
                 debug!(token = %name, session = %owner.id, "continuation created");
+                self.note_live(&created, None);
                 Ok(created)
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => {
@@ -166,6 +203,7 @@ impl KubeStore {
                             "continuation {name} was deleted while being adopted; try again"
                         ))
                     })?;
+                self.note_live(&current, None);
                 self.adopt(current, owner)
             }
             Err(e) if exceeded_quota(&e).is_some() => {
@@ -210,6 +248,7 @@ impl KubeStore {
             .await
         {
             Ok(updated) => {
+                self.note_live(&updated, existing.resource_version().as_deref());
                 self.note_listed(&updated);
                 return self.read_continuation(&updated).await;
             }
@@ -226,6 +265,7 @@ impl KubeStore {
             .await
             .map_err(backend)?
             .ok_or_else(|| StoreError::UnknownToken(spec.token.clone()))?;
+        self.note_live(&current, None);
         self.note_listed(&current);
         self.read_continuation(&current).await
     }
@@ -432,7 +472,10 @@ impl KubeStore {
                 .patch_status(&token.0, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                Ok(_) => return Ok(WriteOnce::Recorded),
+                Ok(written) => {
+                    self.note_live(&written, version.as_deref());
+                    return Ok(WriteOnce::Recorded);
+                }
                 Err(kube::Error::Api(s)) if is_conflict(&s) => continue,
                 Err(kube::Error::Api(s)) if s.code == 422 => {
                     let rec = self

@@ -8,6 +8,12 @@
 //! through its own requests (or the process never touched the session);
 //! otherwise the step reads, as it always did. Resource versions are only
 //! compared for equality, as the API's contract allows.
+//!
+//! A step hands back the newest copy it holds (what it read or its last
+//! write returned) when the watch delivered nothing meanwhile: the next
+//! step, often a wake by a result, then starts from it without a read.
+//! Anything newer is still to be delivered by the watch, which replaces
+//! the copy and wakes the session again.
 
 use crate::api::Session;
 use kube::ResourceExt;
@@ -58,6 +64,52 @@ impl HandedSessions {
         }
         handed.bytes += size;
         handed.kept.insert(key, (session.clone(), size));
+    }
+
+    /// Keeps `session`, the newest copy a step holds, for the next step,
+    /// unless the watch handed in a copy since that step took its own that
+    /// is not one of the `older` versions the step itself got (another may
+    /// be newer: versions do not say). A finished session is not kept:
+    /// only an edit steps it again, and the watch delivers that.
+    pub fn hand_back(&self, session: &Session, older: &[String]) {
+        let finished = session.status.as_ref().is_some_and(|s| {
+            matches!(
+                s.phase,
+                crate::api::session::SessionPhase::Succeeded
+                    | crate::api::session::SessionPhase::Failed
+            )
+        });
+        let key = key_of(session);
+        let size = json_size(session);
+        let mut handed = self.0.lock().expect("handed lock");
+        // Half the room at most, so copies kept for waiting sessions never
+        // crowd out what the watch hands in.
+        let full =
+            handed.kept.len() >= HANDED_MOST / 2 || handed.bytes + size > HANDED_BYTES_MOST / 2;
+        let delivered = handed
+            .kept
+            .get(&key)
+            .map(|(s, size)| (s.resource_version(), *size));
+        let replaceable = match &delivered {
+            None => true,
+            Some((version, _)) => version.as_ref().is_some_and(|v| older.contains(v)),
+        };
+        if finished || full || !replaceable {
+            return;
+        }
+        if let Some((_, old)) = delivered {
+            handed.bytes -= old;
+        }
+        handed.bytes += size;
+        handed.kept.insert(key, (session.clone(), size));
+    }
+
+    /// Drops the copy of `session` (deleted: no step will take it).
+    pub fn forget(&self, session: &Session) {
+        let mut handed = self.0.lock().expect("handed lock");
+        if let Some((_, size)) = handed.kept.remove(&key_of(session)) {
+            handed.bytes -= size;
+        }
     }
 
     /// The object the watch last handed in for `namespace/name`, once.
@@ -115,7 +167,7 @@ impl KnownVersions {
 }
 
 /// JSON bytes of `value`, counted without keeping them.
-fn json_size<T: serde::Serialize>(value: &T) -> usize {
+pub(super) fn json_size<T: serde::Serialize>(value: &T) -> usize {
     struct Count(usize);
     impl Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -173,6 +225,54 @@ mod tests {
             known.note("ns", &format!("s{i}"), "1");
         }
         assert!(!known.trusts(&session("other", "1", "hi")));
+    }
+
+    #[test]
+    fn a_copy_handed_back_never_replaces_one_the_watch_delivered_since() {
+        let handed = HandedSessions::default();
+        handed.hand_back(&session("s", "7", "hi"), &[]);
+        assert_eq!(
+            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            Some("7".into()),
+            "nothing delivered meanwhile: kept"
+        );
+        handed.hand_in(&session("s", "5", "hi"));
+        handed.hand_back(&session("s", "7", "hi"), &["5".into(), "6".into()]);
+        assert_eq!(
+            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            Some("7".into()),
+            "the watch delivered one the step wrote before: replaced"
+        );
+        assert_eq!(handed.bytes(), 0);
+        handed.hand_in(&session("s", "8", "edited"));
+        handed.hand_back(&session("s", "7", "hi"), &["5".into(), "6".into()]);
+        assert_eq!(
+            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            Some("8".into()),
+            "the watch's copy stays"
+        );
+        let mut done = session("s", "9", "hi");
+        done.status = Some(crate::api::SessionStatus {
+            phase: crate::api::session::SessionPhase::Succeeded,
+            ..Default::default()
+        });
+        handed.hand_back(&done, &[]);
+        assert!(handed.take("ns", "s").is_none(), "finished: not kept");
+        handed.hand_in(&session("s", "10", "hi"));
+        handed.forget(&session("s", "11", "hi"));
+        assert!(handed.take("ns", "s").is_none(), "deleted: forgotten");
+        assert_eq!(handed.bytes(), 0);
+    }
+
+    #[test]
+    fn copies_handed_back_take_half_the_room_at_most() {
+        let handed = HandedSessions::default();
+        for i in 0..HANDED_MOST {
+            handed.hand_back(&session(&format!("s{i}"), "1", "hi"), &[]);
+        }
+        assert_eq!(handed.0.lock().unwrap().kept.len(), HANDED_MOST / 2);
+        handed.hand_in(&session("watched", "1", "hi"));
+        assert!(handed.take("ns", "watched").is_some(), "room for the watch");
     }
 
     #[test]
