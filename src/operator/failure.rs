@@ -457,9 +457,24 @@ mod status_writes {
             &format!("    api.{}(", write()),
             "        name, &PatchParams::apply(MANAGER), &Patch::Apply(&body));",
             "}",
+            "async fn read_then_put(api: &Api<Budget>) {",
+            "    let mut fresh = api.get_opt(name).await?.unwrap();",
+            &format!("    api.replace{}(name, &pp, &fresh).await;", "_status"),
+            "}",
+            "async fn put_unread(api: &Api<Budget>, made: Budget) {",
+            &format!("    api.replace{}(name, &pp, &made).await;", "_status"),
+            "}",
+            "async fn read_then_put_blind(api: &Api<Budget>) {",
+            "    let mut fresh = api.get_opt(name).await?.unwrap();",
+            "    fresh.metadata.resource_version = None;",
+            &format!("    api.replace{}(name, &pp, &fresh).await;", "_status"),
+            "}",
         ]
         .join("\n");
-        assert_eq!(blind_writes(&code), ["blind"]);
+        assert_eq!(
+            blind_writes(&code),
+            ["blind", "put_unread", "read_then_put_blind"]
+        );
     }
 
     /// The method that writes a status (spelt apart so this file is no hit).
@@ -487,11 +502,23 @@ mod status_writes {
             };
             let body = lines[start..=at].join("\n");
             let call = lines[at..(at + 4).min(lines.len())].join("\n");
-            if !body.contains("\"resourceVersion\"") && !call.contains("PatchParams::apply(") {
+            let guarded = body.contains("\"resourceVersion\"")
+                || call.contains("PatchParams::apply(")
+                || replaces_what_it_read(&body, &call);
+            if !guarded {
                 blind.push(name);
             }
         }
         blind
+    }
+
+    /// A whole object put back as the function read it (`get`, then
+    /// `replace_status`): its `metadata.resourceVersion` is the read's, and
+    /// the API server refuses the write (409) if the object changed since.
+    fn replaces_what_it_read(body: &str, call: &str) -> bool {
+        call.contains(&format!(".replace{}(", "_status"))
+            && (body.contains(".get_opt(") || body.contains(".get("))
+            && !body.contains("resource_version = None")
     }
 
     /// The line and name of the function around line `at`.

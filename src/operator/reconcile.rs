@@ -142,8 +142,8 @@ impl Stepped {
         let id = SessionId(session.name_any());
         let settled = store.settle(&id, &step.state).await?;
         // The next step (often a wake) starts from it without a read.
-        if let Some((newest, older)) = store.take_newest() {
-            ctx.handed.hand_back(&newest, &older);
+        if let Some((newest, older, confirmed)) = store.take_newest() {
+            ctx.handed.hand_back(&newest, &older, confirmed);
         }
         task_cancel::keep_finalizer(ctx, session, ns, &step.state, uses_mcp, held).await?;
         ctx.background

@@ -51,6 +51,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tracing::{debug, warn};
 
 mod blob_cache;
@@ -64,7 +65,7 @@ mod records;
 mod watched;
 pub use blob_cache::{BlobCache, SHARED_BLOB_BYTES};
 pub use fork::fork_spec;
-pub use handed::{HandedSessions, KnownVersions};
+pub use handed::{HandedCopy, HandedSessions, KnownVersions};
 pub use memory_cache::*;
 pub use records::*;
 pub use watched::WatchedContinuations;
@@ -106,18 +107,30 @@ fn seen_of(obj: &Session) -> Seen {
 }
 
 /// The newest copy of its session a store got, and the versions before it.
-#[derive(Default)]
 struct Newest {
     copy: Option<Session>,
     older: Vec<String>,
+    /// When the API server last confirmed `copy`.
+    confirmed: Instant,
+}
+
+impl Default for Newest {
+    fn default() -> Self {
+        Newest {
+            copy: None,
+            older: Vec::new(),
+            confirmed: Instant::now(),
+        }
+    }
 }
 
 impl Newest {
-    fn note(&mut self, obj: &Session) {
+    fn note(&mut self, obj: &Session, confirmed: Instant) {
         if let Some(version) = self.copy.take().and_then(|c| c.resource_version()) {
             self.older.push(version);
         }
         self.copy = Some(obj.clone());
+        self.confirmed = confirmed;
     }
 }
 
@@ -145,7 +158,7 @@ pub struct KubeStore {
     blobs: Arc<BlobCache>,
     /// The Session a watch handed in: the first load starts from it
     /// instead of reading it again; a load after a conflict reads.
-    handed: Arc<Mutex<Option<Session>>>,
+    handed: Arc<Mutex<Option<HandedCopy>>>,
     /// The newest copy of the session this store read or wrote, for the
     /// next step ([`HandedSessions::hand_back`]).
     newest: Arc<Mutex<Newest>>,
@@ -212,8 +225,8 @@ impl KubeStore {
     /// Starts the first load from `session`, as a watch delivered it,
     /// instead of reading it again, when it is the newest version this
     /// process saw of it (see [`KnownVersions`]); otherwise the load reads.
-    pub fn starting_from(self, session: Option<Session>) -> Self {
-        let trusted = session.filter(|s| self.known.trusts(s));
+    pub fn starting_from(self, copy: Option<HandedCopy>) -> Self {
+        let trusted = copy.filter(|c| self.known.trusts(&c.session));
         *self.handed.lock().expect("handed lock") = trusted;
         self
     }
@@ -351,17 +364,20 @@ impl KubeStore {
 
     async fn load_record(&self, id: &SessionId) -> StoreResult<Option<Versioned<SessionRecord>>> {
         let handed = self.handed.lock().expect("handed lock").take();
-        let handed = handed.filter(|s| s.name_any() == id.0);
-        let obj = match handed {
-            Some(obj) => obj,
+        let handed = handed.filter(|c| c.session.name_any() == id.0);
+        let (obj, confirmed) = match handed {
+            Some(copy) => (copy.session, copy.confirmed),
             None => match self.get_session(id).await? {
-                Some(obj) => obj,
+                Some(obj) => (obj, Instant::now()),
                 None => return Ok(None),
             },
         };
         let record = self.read_session(&obj).await?;
         self.remember(&id.0, seen_of(&obj));
-        self.newest.lock().expect("newest lock").note(&obj);
+        self.newest
+            .lock()
+            .expect("newest lock")
+            .note(&obj, confirmed);
         Ok(Some(Versioned {
             value: record,
             version: version_of(&obj.metadata)?,
@@ -482,16 +498,21 @@ impl KubeStore {
             .patch_status(name, &status_patch_params(), &Patch::Merge(&body))
             .await?;
         self.remember(name, seen_of(&obj));
-        self.newest.lock().expect("newest lock").note(&obj);
+        self.newest
+            .lock()
+            .expect("newest lock")
+            .note(&obj, Instant::now());
         Ok(obj)
     }
 
     /// The newest copy of the session this store read or wrote, once,
-    /// with the versions it got before that one (all older).
-    pub fn take_newest(&self) -> Option<(Session, Vec<String>)> {
+    /// with the versions it got before that one (all older) and when the
+    /// API server last confirmed it.
+    pub fn take_newest(&self) -> Option<(Session, Vec<String>, Instant)> {
         let mut newest = self.newest.lock().expect("newest lock");
         let copy = newest.copy.take()?;
-        Some((copy, std::mem::take(&mut newest.older)))
+        let older = std::mem::take(&mut newest.older);
+        Some((copy, older, newest.confirmed))
     }
 
     /// Changes the Session's spec (pause, resume, retry): a merge patch of

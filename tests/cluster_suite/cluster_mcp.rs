@@ -46,19 +46,43 @@ fn get_json(ns: &str, what: &str) -> Value {
 }
 
 /// Every tool result in a Session's status, by tool name.
-fn results(v: &Value, out: &mut Vec<(String, Value)>) {
-    match v {
-        Value::Object(m) => {
-            if let (Some(Value::String(tool)), Some(result), Some(_)) =
-                (m.get("tool"), m.get("result"), m.get("callId"))
-            {
-                out.push((tool.clone(), result.clone()));
-            }
-            m.values().for_each(|x| results(x, out));
-        }
-        Value::Array(a) => a.iter().for_each(|x| results(x, out)),
-        _ => {}
+/// Each tool result in a Session's status, with its tool's name: a result
+/// stores its call's id (`t<turn>-c<index>`) and the reply holds the call
+/// (the status stores each tool call once).
+fn results(status: &Value, out: &mut Vec<(String, Value)>) {
+    let turns = status["state"]["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for r in turns
+        .iter()
+        .flat_map(|t| t["toolResults"].as_array().into_iter().flatten())
+    {
+        let id = r["callId"].as_str().unwrap_or_default();
+        out.push((tool_of(status, id), r["result"].clone()));
     }
+}
+
+/// The tool the call `id` (`t<turn>-c<index>`) named, read from its reply.
+fn tool_of(status: &Value, id: &str) -> String {
+    let (turn, index) = id
+        .strip_prefix('t')
+        .and_then(|rest| rest.split_once("-c"))
+        .and_then(|(t, c)| Some((t.parse::<usize>().ok()?, c.parse::<usize>().ok()?)))
+        .unwrap_or_else(|| panic!("not a call id: {id:?}"));
+    let turns = status["state"]["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let reply = turns
+        .iter()
+        .filter(|t| t["role"] == "agent")
+        .nth(turn - 1)
+        .unwrap_or_else(|| panic!("no reply {turn}: {status}"));
+    reply["toolCalls"][index]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no call {id}: {status}"))
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,10 +218,8 @@ spec:
     // The runAsync call waited on a Continuation (its token); the runSync
     // ones did not.
     let text = session.to_string();
-    assert!(
-        text.contains(r#""token":"sum-t1-c1","tool":"slow_echo""#),
-        "{text}"
-    );
+    assert!(text.contains(r#""token":"sum-t1-c1""#), "{text}");
+    assert_eq!(tool_of(&session["status"], "t1-c1"), "slow_echo");
     assert!(!text.contains("sum-t1-c0"), "{text}");
     assert!(
         !text.contains("from-the-secret-51c"),

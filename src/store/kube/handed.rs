@@ -13,7 +13,11 @@
 //! write returned) when the watch delivered nothing meanwhile: the next
 //! step, often a wake by a result, then starts from it without a read.
 //! Anything newer is still to be delivered by the watch, which replaces
-//! the copy and wakes the session again.
+//! the copy and wakes the session again. A copy is handed on only while
+//! the API server confirmed it (a read, a write, a watch delivery) less
+//! than [`HANDED_FRESH`] ago: steps on a timer (the resync) never go on
+//! from a copy for ever, so an operator cut off from the API server reads,
+//! fails and says so (the stall alert) instead of reporting success.
 
 use crate::api::Session;
 use kube::ResourceExt;
@@ -21,6 +25,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 type Key = (String, String);
 
@@ -37,6 +42,17 @@ const HANDED_MOST: usize = 4096;
 const HANDED_BYTES_MOST: usize = 32 * 1024 * 1024;
 /// Sessions whose newest known version is kept at most.
 const KNOWN_MOST: usize = 200_000;
+/// How long after the API server last confirmed a copy a step may start
+/// from it without a read.
+pub const HANDED_FRESH: Duration = Duration::from_secs(30);
+
+/// A whole Session a step may start from, and when the API server last
+/// confirmed it (read, written or delivered by the watch).
+#[derive(Clone, Debug)]
+pub struct HandedCopy {
+    pub session: Session,
+    pub confirmed: Instant,
+}
 
 /// The newest whole Session objects a watch delivered, each kept until a
 /// step takes it, within [`HANDED_MOST`] objects and [`HANDED_BYTES_MOST`].
@@ -45,7 +61,7 @@ pub struct HandedSessions(Arc<Mutex<Handed>>);
 
 #[derive(Default)]
 struct Handed {
-    kept: HashMap<Key, (Session, usize)>,
+    kept: HashMap<Key, (HandedCopy, usize)>,
     bytes: usize,
 }
 
@@ -63,7 +79,11 @@ impl HandedSessions {
             return;
         }
         handed.bytes += size;
-        handed.kept.insert(key, (session.clone(), size));
+        let copy = HandedCopy {
+            session: session.clone(),
+            confirmed: Instant::now(),
+        };
+        handed.kept.insert(key, (copy, size));
     }
 
     /// Keeps `session`, the newest copy a step holds, for the next step,
@@ -71,7 +91,7 @@ impl HandedSessions {
     /// is not one of the `older` versions the step itself got (another may
     /// be newer: versions do not say). A finished session is not kept:
     /// only an edit steps it again, and the watch delivers that.
-    pub fn hand_back(&self, session: &Session, older: &[String]) {
+    pub fn hand_back(&self, session: &Session, older: &[String], confirmed: Instant) {
         let finished = session.status.as_ref().is_some_and(|s| {
             matches!(
                 s.phase,
@@ -89,7 +109,7 @@ impl HandedSessions {
         let delivered = handed
             .kept
             .get(&key)
-            .map(|(s, size)| (s.resource_version(), *size));
+            .map(|(c, size)| (c.session.resource_version(), *size));
         let replaceable = match &delivered {
             None => true,
             Some((version, _)) => version.as_ref().is_some_and(|v| older.contains(v)),
@@ -101,7 +121,11 @@ impl HandedSessions {
             handed.bytes -= old;
         }
         handed.bytes += size;
-        handed.kept.insert(key, (session.clone(), size));
+        let copy = HandedCopy {
+            session: session.clone(),
+            confirmed,
+        };
+        handed.kept.insert(key, (copy, size));
     }
 
     /// Drops the copy of `session` (deleted: no step will take it).
@@ -112,13 +136,14 @@ impl HandedSessions {
         }
     }
 
-    /// The object the watch last handed in for `namespace/name`, once.
-    pub fn take(&self, namespace: &str, name: &str) -> Option<Session> {
+    /// The copy last handed in or back for `namespace/name`, once; none
+    /// when the API server confirmed it [`HANDED_FRESH`] ago or more.
+    pub fn take(&self, namespace: &str, name: &str) -> Option<HandedCopy> {
         let key = (namespace.to_string(), name.to_string());
         let mut handed = self.0.lock().expect("handed lock");
-        let (session, size) = handed.kept.remove(&key)?;
+        let (copy, size) = handed.kept.remove(&key)?;
         handed.bytes -= size;
-        Some(session)
+        (copy.confirmed.elapsed() < HANDED_FRESH).then_some(copy)
     }
 
     #[cfg(test)]
@@ -230,24 +255,38 @@ mod tests {
     #[test]
     fn a_copy_handed_back_never_replaces_one_the_watch_delivered_since() {
         let handed = HandedSessions::default();
-        handed.hand_back(&session("s", "7", "hi"), &[]);
+        handed.hand_back(&session("s", "7", "hi"), &[], Instant::now());
         assert_eq!(
-            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            handed
+                .take("ns", "s")
+                .and_then(|c| c.session.resource_version()),
             Some("7".into()),
             "nothing delivered meanwhile: kept"
         );
         handed.hand_in(&session("s", "5", "hi"));
-        handed.hand_back(&session("s", "7", "hi"), &["5".into(), "6".into()]);
+        handed.hand_back(
+            &session("s", "7", "hi"),
+            &["5".into(), "6".into()],
+            Instant::now(),
+        );
         assert_eq!(
-            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            handed
+                .take("ns", "s")
+                .and_then(|c| c.session.resource_version()),
             Some("7".into()),
             "the watch delivered one the step wrote before: replaced"
         );
         assert_eq!(handed.bytes(), 0);
         handed.hand_in(&session("s", "8", "edited"));
-        handed.hand_back(&session("s", "7", "hi"), &["5".into(), "6".into()]);
+        handed.hand_back(
+            &session("s", "7", "hi"),
+            &["5".into(), "6".into()],
+            Instant::now(),
+        );
         assert_eq!(
-            handed.take("ns", "s").and_then(|s| s.resource_version()),
+            handed
+                .take("ns", "s")
+                .and_then(|c| c.session.resource_version()),
             Some("8".into()),
             "the watch's copy stays"
         );
@@ -256,7 +295,7 @@ mod tests {
             phase: crate::api::session::SessionPhase::Succeeded,
             ..Default::default()
         });
-        handed.hand_back(&done, &[]);
+        handed.hand_back(&done, &[], Instant::now());
         assert!(handed.take("ns", "s").is_none(), "finished: not kept");
         handed.hand_in(&session("s", "10", "hi"));
         handed.forget(&session("s", "11", "hi"));
@@ -265,10 +304,26 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_the_api_server_confirmed_long_ago_is_not_started_from() {
+        let handed = HandedSessions::default();
+        let long_ago = Instant::now().checked_sub(HANDED_FRESH).unwrap();
+        handed.hand_back(&session("s", "7", "hi"), &[], long_ago);
+        assert!(handed.take("ns", "s").is_none(), "the step reads");
+        assert_eq!(handed.bytes(), 0);
+        let lately = Instant::now() - HANDED_FRESH / 2;
+        handed.hand_back(&session("s", "7", "hi"), &[], lately);
+        let copy = handed.take("ns", "s").expect("fresh enough");
+        assert_eq!(
+            copy.confirmed, lately,
+            "a step hands on when it was confirmed"
+        );
+    }
+
+    #[test]
     fn copies_handed_back_take_half_the_room_at_most() {
         let handed = HandedSessions::default();
         for i in 0..HANDED_MOST {
-            handed.hand_back(&session(&format!("s{i}"), "1", "hi"), &[]);
+            handed.hand_back(&session(&format!("s{i}"), "1", "hi"), &[], Instant::now());
         }
         assert_eq!(handed.0.lock().unwrap().kept.len(), HANDED_MOST / 2);
         handed.hand_in(&session("watched", "1", "hi"));
@@ -291,7 +346,7 @@ mod tests {
             "a newer copy replaces the old one's bytes"
         );
         let taken = handed.take("ns", "a").expect("kept");
-        assert_eq!(taken.resource_version().as_deref(), Some("2"));
+        assert_eq!(taken.session.resource_version().as_deref(), Some("2"));
         assert!(handed.take("ns", "a").is_none());
         assert_eq!(handed.bytes(), 0);
     }
