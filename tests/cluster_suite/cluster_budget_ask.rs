@@ -10,61 +10,12 @@ use crate::support;
 
 use kube::Client;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use support::http::{Request, Response, Server};
+use support::budgets;
 use support::{apply, kubectl, kubectl_ok, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-
-/// Each session's turns 1 and 2 ask for one `echo` call, turn 3 answers
-/// "done"; every turn reports 700 tokens. Counts all requests.
-fn model() -> (Server, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let server = Server::start(move |req: &Request| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or_default();
-        let replies = body["messages"]
-            .as_array()
-            .map(|m| m.iter().filter(|m| m["role"] == "assistant").count())
-            .unwrap_or_default();
-        let message = if replies < 2 {
-            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": format!("c{replies}"), "type": "function",
-                 "function": {"name": "echo", "arguments": "{\"n\":1}"}}]})
-        } else {
-            serde_json::json!({"role": "assistant", "content": "done"})
-        };
-        let body = serde_json::json!({
-            "choices": [{"index": 0, "message": message}],
-            "usage": {"prompt_tokens": 600, "completion_tokens": 100}
-        });
-        Response::json(200, body.to_string())
-    });
-    (server, calls)
-}
-
-fn session_yaml(name: &str, model: &Server) -> String {
-    format!(
-        r#"
-apiVersion: agents-exe.io/v1alpha1
-kind: Session
-metadata: {{name: {name}}}
-spec:
-  messages: ["echo twice"]
-  limits: {{tokens: 1000, onExceed: ask}}
-  agent:
-    model:
-      provider: openai
-      openai: {{baseUrl: "{model}", model: test}}
-    tools:
-      - {{name: echo, builtin: {{function: echo}}}}
-"#,
-        model = model.url("/v1"),
-    )
-}
 
 fn get(ns: &str, what: &str, jsonpath: &str) -> String {
     let path = format!("jsonpath={jsonpath}");
@@ -144,9 +95,9 @@ async fn ask_is_approved_with_a_raise_from_the_cli_and_the_page_and_a_denial_fai
     let Some((client, ns)) = support::cluster_namespace("budget-ask").await else {
         return;
     };
-    let (model, calls) = model();
+    let (model, calls) = budgets::echo_twice_model();
     for name in ["bycli", "bypage", "denied"] {
-        apply(&ns.name, &session_yaml(name, &model));
+        apply(&ns.name, &budgets::asking_session_yaml(name, &model));
     }
     let operator = support::launcher::Operator::watching(BIN, &ns.name, "budget-ask");
 

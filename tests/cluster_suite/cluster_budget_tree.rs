@@ -7,53 +7,12 @@
 
 use crate::support;
 
-use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::http::{Response, Server};
+use support::budgets::{boss_and_worker_manifests, boss_and_worker_model};
 use support::{apply, kubectl, kubectl_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
-
-/// The boss asks the worker once; the worker asks for `echo` for ever.
-fn model(calls: Arc<AtomicUsize>) -> Server {
-    Server::start(move |req| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        let body = req.json();
-        let messages = body["messages"].as_array().cloned().unwrap_or_default();
-        let boss = messages
-            .iter()
-            .any(|m| m["role"] == "system" && m["content"] == "boss");
-        let (tool, args) = match boss {
-            true => ("worker", json!({"prompt": "dig"})),
-            false => ("echo", json!({"n": 1})),
-        };
-        let message = json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": "c0", "type": "function",
-             "function": {"name": tool, "arguments": args.to_string()}}]});
-        Response::json(
-            200,
-            json!({"choices": [{"index": 0, "message": message}],
-                "usage": {"prompt_tokens": 600, "completion_tokens": 100}})
-            .to_string(),
-        )
-    })
-}
-
-fn manifests(model: &Server) -> String {
-    let url = model.url("/v1");
-    let agent = |name: &str, tools: &str| {
-        format!(
-            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec:\n  description: the {name}\n  systemPrompt: {name}\n  model: {{provider: openai, openai: {{baseUrl: \"{url}\", model: m}}}}\n  tools:\n{tools}"
-        )
-    };
-    [
-        agent("boss", "  - name: worker\n    agent: {ref: worker}\n"),
-        agent("worker", "  - {name: echo, builtin: {function: echo}}\n"),
-        "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {name: boss}\nspec: {agentRef: {name: boss}, messages: [go], limits: {tokens: 1000}}\n".to_string(),
-    ]
-    .concat()
-}
 
 fn get(ns: &str, what: &str, jsonpath: &str) -> String {
     let path = format!("jsonpath={jsonpath}");
@@ -67,8 +26,8 @@ async fn a_child_spends_at_most_what_its_parent_has_left_and_counts_against_it()
         return;
     };
     let calls = Arc::new(AtomicUsize::new(0));
-    let model = model(calls.clone());
-    apply(&ns.name, &manifests(&model));
+    let model = boss_and_worker_model(calls.clone());
+    apply(&ns.name, &boss_and_worker_manifests(&model));
     let _operator = support::launcher::Operator::watching(BIN, &ns.name, "budget-tree");
     kubectl_ok([
         "wait",
