@@ -7,7 +7,8 @@
 //! (`fail`), or it is sent again all the same (`retry`). So such a tool
 //! runs at most once unless someone says otherwise.
 
-use super::{ensure_action, Action, CoreError, Session, ToolInfo, WakeOutcome};
+use super::calls::ensure_action;
+use super::{Action, CoreError, Session, ToolInfo, WakeOutcome};
 use crate::core::acceptance::ENGINE_BY;
 use crate::core::call::{CallState, Claim, TrackedToolCall};
 use crate::core::conversation::ToolResult;

@@ -4,9 +4,8 @@
 //! works), shows a request for input to people, and takes the final
 //! result once.
 
-use super::{
-    call_envelope, ensure_action, result_limit, truncate, Action, CoreError, Session, WakeOutcome,
-};
+use super::calls::{call_envelope, ensure_action, result_limit};
+use super::{truncate, Action, CoreError, Session, WakeOutcome};
 use crate::core::call::{CallState, TaskHandle, TrackedToolCall, WaitingFor};
 use crate::core::conversation::ToolResult;
 use crate::core::envelope::CallEnvelope;
