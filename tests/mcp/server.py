@@ -4,6 +4,8 @@ requirements.txt, installed by ./install) serving a few tools.
     server.py stdio                      over stdin/stdout (standalone tests)
     server.py http --port N [--json] [--legacy]
                                          Streamable HTTP on 127.0.0.1:N at /mcp
+                                         (N 0: a free port, written to
+                                         $MCP_PORT_FILE once it is bound)
 
 Replies are text/event-stream (SSE) where the SDK streams them: under the
 2026-07-28 revision once a tool sends a notification before its result
@@ -39,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 
 import time
@@ -322,8 +325,22 @@ def main() -> None:
     not_ready_ms = int(os.environ.get("MCP_NOT_READY_MS", "0"))
     if not_ready_ms > 0:
         app = not_ready_for(not_ready_ms, app)
-    print(f"serving on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")
+    # The socket is bound here, not by uvicorn, so that `--port 0` takes a
+    # port no other process holds and says which: a port chosen by the test
+    # and freed before this binds it can be taken by another test's server
+    # in between, and that test would then talk to this one.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    print(f"serving on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    port_file = os.environ.get("MCP_PORT_FILE")
+    if port_file:
+        with open(port_file + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(port_file + ".tmp", port_file)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

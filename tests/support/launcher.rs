@@ -8,14 +8,31 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A free loopback port (bound and released: another process may take it
-/// first, which tests accept).
+/// A free loopback port for a child process to bind, handed out once per
+/// test process and taken below the kernel's ephemeral range (32768 up):
+/// a port from `bind(0)`, released for the child, could be handed again to
+/// the next test that asks, or taken by an outgoing connection, before the
+/// child binds it, and two tests would then share one server.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    // Each process starts at its own place, so test binaries run side by
+    // side do not walk the same ports.
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 pub struct Operator {

@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -71,22 +72,25 @@ impl McpServer {
     /// [`McpServer::start`] with more environment variables for the server
     /// (`MCP_NOT_READY_MS`, `MCP_TASK_POLL_MS`).
     pub fn start_with_env(name: &str, flags: &[&str], env: &[(&str, &str)]) -> McpServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Files named by this process and a counter, not by the port: the
+        // port is known only once the server has bound it.
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let stem = format!("agents-mcp-{name}-{}-{n}", std::process::id());
         let dir = std::env::temp_dir();
-        let calls = dir.join(format!("agents-mcp-{name}-{port}.calls"));
-        let log = dir.join(format!("agents-mcp-{name}-{port}.log"));
+        let calls = dir.join(format!("{stem}.calls"));
+        let log = dir.join(format!("{stem}.log"));
+        let port_file = dir.join(format!("{stem}.port"));
         let _ = std::fs::remove_file(&calls);
+        let _ = std::fs::remove_file(&port_file);
         let child = Command::new(python())
             .arg(script())
-            .args(["http", "--port", &port.to_string()])
+            .args(["http", "--port", "0"])
             .args(flags)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("MCP_CALL_LOG", &calls)
+            .env("MCP_PORT_FILE", &port_file)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -94,11 +98,13 @@ impl McpServer {
             .expect("the MCP server starts");
         let mut server = McpServer {
             child,
-            port,
+            port: 0,
             calls,
             log,
             log_from: 0,
         };
+        server.port = server.wait_for_its_port(&port_file, READY_WITHIN);
+        let _ = std::fs::remove_file(&port_file);
         server.wait_until_it_answers(READY_WITHIN);
         // The probe's session is logged as it is made; wait (briefly) for
         // that line so it falls before the test's part of the log.
@@ -108,6 +114,32 @@ impl McpServer {
         }
         server.log_from = server.log_text().len();
         server
+    }
+
+    /// The port the server bound (it binds port 0 and writes the port it
+    /// got to `port_file`, so no other process can hold it).
+    fn wait_for_its_port(&mut self, port_file: &Path, within: Duration) -> u16 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(port) = std::fs::read_to_string(port_file)
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+            {
+                return port;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the MCP server exited ({status}) before it bound a port: {}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the MCP server did not bind a port within {within:?}; its log: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Returns once the server answers an MCP `initialize` as this test
