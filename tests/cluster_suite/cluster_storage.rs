@@ -97,6 +97,9 @@ async fn a_5mb_result_and_300_turns_succeed_with_every_object_under_1mib() {
     let _op = operator(&ns.name, &kubeconfig);
     let port = big_tool();
     support::apply(&ns.name, &manifests(port));
+    // A bound for a stuck session, not a speed check: 300 turns by a debug
+    // build of the operator, beside the suite's other tests on two cores,
+    // took over 240 s in one CI run.
     for s in ["big", "long"] {
         let out = kubectl([
             "wait",
@@ -104,16 +107,22 @@ async fn a_5mb_result_and_300_turns_succeed_with_every_object_under_1mib() {
             &ns.name,
             "--for=condition=Succeeded",
             &format!("session/{s}"),
-            "--timeout=240s",
+            "--timeout=600s",
         ]);
         assert!(
             out.status.success(),
             "session {s}: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
-            kubectl_ok(["get", "session", s, "-n", &ns.name, "-o", "yaml"])
-                .chars()
-                .take(4000)
-                .collect::<String>()
+            kubectl_ok([
+                "get",
+                "session",
+                s,
+                "-n",
+                &ns.name,
+                "-o",
+                "jsonpath={.status.phase} turns={.status.agentTurns} \
+                 archived={.status.archivedTurns} {.status.conditions}",
+            ])
         );
     }
     // Every object in the namespace, by size.
