@@ -523,16 +523,31 @@ async fn open_continuation(
     Ok((store, token, record))
 }
 
+/// How long a token the operator has not created yet is waited for: the
+/// operator commits a wait to the session's status first and creates its
+/// continuation right after, so a person (or script) acting on the status
+/// can be a moment early.
+const NOT_CREATED_YET: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// The continuation behind `token`, or an error saying the token is unknown.
 async fn find_continuation(
     store: &dyn AdminPort,
     token: &ContinuationToken,
 ) -> anyhow::Result<crate::store::ContinuationRecord> {
-    match store.continuation(token).await? {
+    let mut record = store.continuation(token).await?;
+    if record.is_none() && store.operator_driven() {
+        let deadline = std::time::Instant::now() + NOT_CREATED_YET;
+        while record.is_none() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            record = store.continuation(token).await?;
+        }
+    }
+    match record {
         Some(r) => Ok(r),
         None if store.operator_driven() => bail!(
-            "no continuation with token {token} {}; `agents session pending SESSION --store kube` (or `kubectl get continuations`) lists the open ones",
-            store.place()
+            "no continuation with token {token} {} (waited {} s in case the operator was about to create it); `agents session pending SESSION --store kube` (or `kubectl get continuations`) lists the open ones",
+            store.place(),
+            NOT_CREATED_YET.as_secs()
         ),
         None => Err(StoreError::UnknownToken(token.clone()).into()),
     }

@@ -1403,16 +1403,17 @@ spec:
     apply(&ns.name, yaml);
     let operator = Operator::start(&ns.name, &kubeconfig(), "adopt");
     support::wait_session_condition(&ns.name, "again", "Waiting", 60);
+    // The wait is committed to status before its continuation is created.
     let conts: Api<Continuation> = Api::namespaced(client.clone(), &ns.name);
-    let old_owner = conts
-        .get("again-t1-c0")
-        .await
-        .unwrap()
-        .metadata
-        .owner_references
-        .unwrap()[0]
-        .uid
-        .clone();
+    let old_owner = wait_until(
+        Duration::from_secs(30),
+        "the first continuation",
+        || async {
+            let c = conts.get_opt("again-t1-c0").await.ok()??;
+            Some(c.metadata.owner_references?.first()?.uid.clone())
+        },
+    )
+    .await;
     kubectl_ok([
         "delete",
         "session",
@@ -1422,7 +1423,7 @@ spec:
         "--cascade=orphan",
     ]);
     apply(&ns.name, yaml);
-    wait_until(Duration::from_secs(30), "the refusal to adopt", || async {
+    wait_until(Duration::from_secs(60), "the refusal to adopt", || async {
         operator
             .log()
             .contains("is not this session's")
@@ -1431,12 +1432,18 @@ spec:
     .await;
     // Orphaned by the delete: it kept its name, lost its owner, and the new
     // session did not take it.
-    let kept = conts.get("again-t1-c0").await.unwrap();
-    assert!(kept
-        .metadata
-        .owner_references
-        .unwrap_or_default()
-        .is_empty());
+    let kept = conts.get_opt("again-t1-c0").await.unwrap().expect(
+        "the old continuation is gone: the garbage collector deleted it instead of orphaning it",
+    );
+    assert!(
+        kept.metadata
+            .owner_references
+            .clone()
+            .unwrap_or_default()
+            .is_empty(),
+        "{:?}",
+        kept.metadata
+    );
 
     kubectl_ok(["delete", "continuation", "again-t1-c0", "-n", &ns.name]);
     let fresh_uid = session(&client, &ns.name, "again")
