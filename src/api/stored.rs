@@ -33,12 +33,12 @@ const LIFTED: [&str; 7] = [
 /// archived turns are left for the store to fill.
 pub fn session_status(state: &SessionState) -> SessionStatus {
     let mut doc = serde_json::to_value(state).expect("the core's state serialises");
+    repeats::drop_repeats(&mut doc, state.answer.as_deref());
     if let Some(fields) = doc.as_object_mut() {
         for key in LIFTED {
             fields.remove(key);
         }
     }
-    repeats::drop_repeats(&mut doc);
     SessionStatus {
         phase: session_phase(state),
         waiting_for: match &state.budget_ask {

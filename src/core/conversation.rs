@@ -233,8 +233,9 @@ pub struct AgentTurn {
     /// The model's tool calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
-    /// Tokens this model turn used.
-    #[serde(default)]
+    /// Tokens this model turn used (absent when the provider reported
+    /// none).
+    #[serde(default, skip_serializing_if = "TokenUsage::is_none")]
     pub usage: TokenUsage,
     /// When the model was asked for this reply: the start of the model
     /// call's claim (milliseconds since the Unix epoch). Set by the core;

@@ -7,14 +7,24 @@
 //! kept, so loading gives back what was stored. Replies are counted in the
 //! whole list of turns, archived ones put back: a status read without its
 //! archived turns (for its phase only) may name the wrong reply.
+//!
+//! The final reply's text is the answer, which the status keeps for people
+//! (`status.answer`): the reply leaves its text out when the two are equal,
+//! and gets it back from the answer on load.
 
 use super::ConvertError;
 use crate::core::CallId;
 use serde_json::{Map, Value};
 
 /// Removes from `doc` (the core's state as JSON) each repeat of the
-/// reply's tool calls.
-pub(super) fn drop_repeats(doc: &mut Value) {
+/// reply's tool calls, and the final reply's text when it is `answer`.
+pub(super) fn drop_repeats(doc: &mut Value, answer: Option<&str>) {
+    if let Some(reply) = final_reply(doc) {
+        let text = reply.get("text").and_then(Value::as_str);
+        if text.is_some_and(|t| !t.is_empty() && Some(t) == answer) {
+            object_mut(reply).remove("text");
+        }
+    }
     let mut replies = Vec::new();
     for turn in array_mut(doc, "turns") {
         if take_reply(turn, &mut replies) {
@@ -42,6 +52,16 @@ pub(super) fn drop_repeats(doc: &mut Value) {
 /// Puts back what [`drop_repeats`] left out; a value left out whose reply
 /// is not in `doc` is refused, naming where.
 pub(super) fn restore_repeats(doc: &mut Value) -> Result<(), ConvertError> {
+    let answer = doc
+        .get("answer")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let (Some(reply), Some(answer)) = (final_reply(doc), answer) {
+        let fields = object_mut(reply);
+        if !answer.is_empty() && !fields.contains_key("text") {
+            fields.insert("text".into(), answer.into());
+        }
+    }
     let mut replies = Vec::new();
     for (t, turn) in array_mut(doc, "turns").enumerate() {
         if take_reply(turn, &mut replies) {
@@ -68,6 +88,15 @@ pub(super) fn restore_repeats(doc: &mut Value) -> Result<(), ConvertError> {
         }
     }
     Ok(())
+}
+
+/// The last turn, when it is a reply without tool calls: the one whose
+/// text became the answer.
+fn final_reply(doc: &mut Value) -> Option<&mut Value> {
+    let last = doc.get_mut("turns")?.as_array_mut()?.last_mut()?;
+    let is_reply = last.get("role").and_then(Value::as_str) == Some("agent");
+    let calls = last.get("toolCalls").and_then(Value::as_array);
+    (is_reply && last.is_object() && calls.is_none_or(Vec::is_empty)).then_some(last)
 }
 
 /// Notes an agent turn's tool calls as the next reply's; true for an

@@ -188,17 +188,58 @@ fn a_status_in_the_shape_before_loads_and_is_written_back_without_repeats() {
         assert!(call.get("call").is_none(), "open call {i} is stored twice");
     }
     assert_eq!(session_state(&id, &after), Ok(loaded));
-    // Nothing else changed shape: putting the repeats back gives main's.
+    // Nothing else changed shape: putting the repeats back gives main's,
+    // less the fields that held their default (false, 0).
     let mut whole = doc.clone();
     repeats::restore_repeats(&mut whole).unwrap();
-    assert_eq!(Some(whole), before.state);
+    assert_eq!(Some(whole), before.state.map(without_defaults));
+}
+
+/// `state` without the fields the core no longer stores at their default.
+fn without_defaults(mut state: serde_json::Value) -> serde_json::Value {
+    let top = state.as_object_mut().unwrap();
+    for key in ["paused", "modelAttempts", "messagesTaken", "retriesTaken"] {
+        if matches!(&top.get(key), Some(v) if *v == false || *v == 0) {
+            top.remove(key);
+        }
+    }
+    for call in state["open"]["calls"].as_array_mut().into_iter().flatten() {
+        if call["attempts"] == 0 {
+            call.as_object_mut().unwrap().remove("attempts");
+        }
+    }
+    state
 }
 
 /// The status as main wrote it, for comparing bytes: the repeats put back.
 pub(crate) fn status_with_repeats(state: &SessionState) -> SessionStatus {
     let mut status = session_status(state);
-    repeats::restore_repeats(status.state.as_mut().unwrap()).unwrap();
+    let doc = status.state.as_mut().unwrap();
+    doc["answer"] = serde_json::json!(state.answer);
+    repeats::restore_repeats(doc).unwrap();
+    doc.as_object_mut().unwrap().remove("answer");
     status
+}
+
+#[test]
+fn the_final_reply_keeps_its_text_once_as_the_answer() {
+    let finished = flow_checkpoints().pop().unwrap();
+    let answer = finished
+        .answer
+        .clone()
+        .expect("the flow ends with an answer");
+    let status = session_status(&finished);
+    let stored = serde_json::to_string(&status).unwrap();
+    assert_eq!(stored.matches(&answer).count(), 1, "{stored}");
+    assert_eq!(status.answer.as_deref(), Some(answer.as_str()));
+    assert_eq!(session_state(&finished.id, &status), Ok(finished.clone()));
+
+    // A reply whose text is not the answer (none is today) keeps it.
+    let mut other = finished;
+    other.answer = Some("something else".into());
+    let status = session_status(&other);
+    assert!(serde_json::to_string(&status).unwrap().contains(&answer));
+    assert_eq!(session_state(&other.id, &status), Ok(other));
 }
 
 #[test]

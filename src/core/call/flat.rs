@@ -44,7 +44,7 @@ pub struct FlatCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_by: Option<String>,
     /// Executions started (retries count here).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
     /// When the current wait gives up (milliseconds since the Unix epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -250,6 +250,10 @@ pub mod model_attempt {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,7 +298,13 @@ mod tests {
             let text = format!("{head}{}", shape.replace('P', policy));
             let call: TrackedToolCall =
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
-            assert_eq!(serde_json::to_string(&call).unwrap(), text);
+            // No attempt yet is said by leaving `attempts` out.
+            let written = text
+                .replace(r#","attempts":0}"#, "}")
+                .replace(r#","attempts":0,"#, ",");
+            assert_eq!(serde_json::to_string(&call).unwrap(), written);
+            let reloaded: TrackedToolCall = serde_json::from_str(&written).unwrap();
+            assert_eq!(reloaded, call, "{written}");
         }
     }
 
@@ -358,7 +368,7 @@ mod tests {
         state.model_attempt = Attempt::RetryAt(Millis(7));
         let text = serde_json::to_string(&state).unwrap();
         assert!(
-            text.contains(r#""modelAttempts":0,"modelRetryAt":7,"messagesTaken":0"#),
+            text.contains(r#""usage":{"promptTokens":0,"completionTokens":0},"modelRetryAt":7}"#),
             "{text}"
         );
         assert_eq!(serde_json::from_str::<SessionState>(&text).unwrap(), state);
@@ -368,9 +378,7 @@ mod tests {
         });
         let text = serde_json::to_string(&state).unwrap();
         assert!(
-            text.contains(
-                r#""modelAttempts":0,"modelClaim":{"holder":"a","until":9},"messagesTaken""#
-            ),
+            text.contains(r#""completionTokens":0},"modelClaim":{"holder":"a","until":9}}"#),
             "{text}"
         );
         assert_eq!(serde_json::from_str::<SessionState>(&text).unwrap(), state);

@@ -205,7 +205,7 @@ pub struct SessionState {
     /// Where the session is, as the core tracks it.
     pub phase: Phase,
     /// Held: no model or tool call starts.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub paused: bool,
     /// The conversation, oldest first.
     #[serde(default)]
@@ -234,7 +234,7 @@ pub struct SessionState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     /// Failed model calls in a row.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub model_attempts: u32,
     /// The model call's current attempt: the driver whose call is under
     /// way, or when a failed call is retried (stored as `modelRetryAt` and
@@ -244,10 +244,10 @@ pub struct SessionState {
     pub model_attempt: Attempt,
     /// How many user messages the session has taken in (from `spec.messages`),
     /// so a driver re-reading them never sends one twice.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub messages_taken: u32,
     /// How many user retries of a failed session were taken (`spec.retry`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub retries_taken: u32,
     /// Steps of a driver that failed in a row (for a reason of the
     /// session's own), kept with the session so that the limit holds
@@ -282,6 +282,10 @@ pub struct SessionState {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl SessionState {
