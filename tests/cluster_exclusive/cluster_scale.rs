@@ -659,9 +659,9 @@ async fn completer_rounds(
     let n = support::sized("AGENTS_SCALE_DEFERRED", 200);
     apply(ns, support::fake::WAITING_AGENT);
     println!(
-        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting | completion write p50/p99 ms |"
+        "| completer | calls | round trips/s | wake p50 ms | wake p99 ms | reconcile p99 ms | operator RSS MiB, the calls waiting | completion write p50/p99 ms | of which after the write returned p50/p99 ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut rate = None;
     let mut api_rows = Vec::new();
     let mut wake_rows = Vec::new();
@@ -696,22 +696,17 @@ async fn completer_rounds(
                 for t in chunk {
                     let tick = Instant::now();
                     let result = agents::core::ToolResult::text("42");
-                    let now = agents::core::Millis(
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .unwrap()
-                            .as_millis() as i64,
-                    );
+                    let now = agents::core::Millis(epoch_millis());
                     agents::ports::ContinuationPort::complete(
                         &store,
-                        &agents::core::ContinuationToken(t),
+                        &agents::core::ContinuationToken(t.clone()),
                         &result,
                         "completer",
                         now,
                     )
                     .await
                     .unwrap();
-                    took.push(tick.elapsed());
+                    took.push((t, tick.elapsed(), epoch_millis()));
                     if let Some(p) = pace {
                         tokio::time::sleep(p.saturating_sub(tick.elapsed())).await;
                     }
@@ -722,8 +717,12 @@ async fn completer_rounds(
         // How long a completion itself takes (the completer's read and
         // write): the first part of every wake latency.
         let mut writes: Vec<Duration> = Vec::new();
+        let mut written_at = std::collections::HashMap::new();
         for t in futures::future::join_all(tasks).await {
-            writes.extend(t.unwrap());
+            for (token, took, at) in t.unwrap() {
+                writes.push(took);
+                written_at.insert(token, at);
+            }
         }
         writes.sort();
         let write_ms = |q: f64| {
@@ -758,13 +757,22 @@ async fn completer_rounds(
         let after = op.probe("/metrics").1;
         wake_rows.push(wake_requests_row(label, n, &before, &after));
         let q = |name: &str, q: f64| ms(quantile(&before, &after, name, q));
+        let mut reaction = operator_reactions(client, ns, &written_at).await;
+        reaction.sort();
+        let reaction_ms = |q: f64| {
+            reaction
+                .get(((reaction.len() as f64 * q) as usize).min(reaction.len().saturating_sub(1)))
+                .map_or("-".to_string(), |m| m.to_string())
+        };
         println!(
-            "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} | {}/{} |",
+            "| {label} | {n} | {round_trips:.1} | {} | {} | {} | {rss_waiting:.0} | {}/{} | {}/{} |",
             q("agents_wake_latency_seconds", 0.5),
             q("agents_wake_latency_seconds", 0.99),
             q("agents_reconcile_duration_seconds", 0.99),
             write_ms(0.5),
             write_ms(0.99),
+            reaction_ms(0.5),
+            reaction_ms(0.99),
         );
         // The API server's own view of the requests on a wake's path.
         let api_after = kubectl_ok(["get", "--raw", "/metrics"]);
@@ -793,6 +801,43 @@ async fn completer_rounds(
     for row in wake_rows {
         println!("{row}");
     }
+}
+
+fn epoch_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Per completed call, how long after the completer's write returned the
+/// operator took the result in (the session's `finishedAt` for it, stamped
+/// by the core at take-in): the operator's share of a wake, the rest being
+/// the completion's own write through the API server.
+async fn operator_reactions(
+    client: &kube::Client,
+    ns: &str,
+    written_at: &std::collections::HashMap<String, i64>,
+) -> Vec<i64> {
+    let sessions: Api<agents::api::Session> = Api::namespaced(client.clone(), ns);
+    let list = sessions
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for s in list.items {
+        let state = s.status.and_then(|st| st.state).unwrap_or_default();
+        let results = state["turns"].as_array().into_iter().flatten();
+        for r in results.flat_map(|t| t["toolResults"].as_array().into_iter().flatten()) {
+            let (Some(token), Some(taken)) = (r["token"].as_str(), r["finishedAt"].as_i64()) else {
+                continue;
+            };
+            if let Some(at) = written_at.get(token) {
+                out.push((taken - at).max(0));
+            }
+        }
+    }
+    out
 }
 
 /// The value of one sample (its name and labels, as scraped), or 0.
