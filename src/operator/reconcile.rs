@@ -38,6 +38,13 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     let ns = session
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    // The watch delivering a version this process already saw replaced
+    // (its own earlier write, mostly): the newer one's delivery follows and
+    // steps the session, so this one needs no step, and no read. That later
+    // reconcile runs after this one, so its requeue is the one that holds.
+    if ctx.known.is_superseded(&session) {
+        return Ok(Action::await_change());
+    }
     let Some(_slot) = ctx.slots.take(&ns) else {
         ctx.metrics.namespace_at_cap();
         return Ok(Action::requeue(namespace_busy_recheck(&name)));

@@ -153,24 +153,54 @@ impl HandedSessions {
 }
 
 /// The newest resourceVersion this process saw of each session through its
-/// own reads and writes.
+/// own reads and writes, and the few it saw just before (superseded).
 #[derive(Default)]
 pub struct KnownVersions {
-    newest: Mutex<HashMap<Key, String>>,
+    newest: Mutex<HashMap<Key, Known>>,
     /// Set once entries were dropped: a session with no entry may then have
     /// been touched, and its handed copy is no longer trusted.
     forgot: AtomicBool,
 }
 
+/// Versions of one session this process saw.
+struct Known {
+    newest: String,
+    /// When `newest` was seen.
+    at: Instant,
+    /// Versions seen before `newest` since the watch last delivered the
+    /// newest: each is older than it. At most [`SUPERSEDED_MOST`].
+    superseded: Vec<String>,
+}
+
+/// Superseded versions kept per session: a step writes a few times (claim,
+/// reply, results), and the watch delivers each of those writes after it.
+const SUPERSEDED_MOST: usize = 4;
+
 impl KnownVersions {
     /// Notes `version` as the newest seen of `namespace/name`.
     pub fn note(&self, namespace: &str, name: &str, version: &str) {
         let mut newest = self.newest.lock().expect("known lock");
-        if newest.len() >= KNOWN_MOST && !newest.contains_key(&(namespace.into(), name.into())) {
+        let key: Key = (namespace.into(), name.into());
+        if newest.len() >= KNOWN_MOST && !newest.contains_key(&key) {
             newest.clear();
             self.forgot.store(true, Ordering::Relaxed);
         }
-        newest.insert((namespace.into(), name.into()), version.into());
+        let mut superseded = Vec::new();
+        if let Some(was) = newest.remove(&key) {
+            superseded = was.superseded;
+            if was.newest != version {
+                if superseded.len() >= SUPERSEDED_MOST {
+                    superseded.remove(0);
+                }
+                superseded.push(was.newest);
+            }
+        }
+        let known = Known {
+            newest: version.into(),
+            at: Instant::now(),
+            superseded,
+        };
+        newest.insert(key, known);
     }
 
     /// Whether a step may start from `session` as handed in: it is the
@@ -185,9 +215,32 @@ impl KnownVersions {
             .expect("known lock")
             .get(&key_of(session))
         {
-            Some(newest) => *newest == version,
+            Some(known) => known.newest == version,
             None => !self.forgot.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether `session`, as the watch delivered it, is a version this
+    /// process already saw replaced by a newer one, lately: the watch
+    /// still has that newer one to deliver (and with it anything after
+    /// it), so a step for this copy has nothing to do and needs no read.
+    /// Lately means within [`HANDED_FRESH`]: past that, a step reads as
+    /// before, so an operator cut off from the API server still finds out.
+    /// Once the watch delivers the newest, the versions before it are
+    /// dropped: none of them comes again.
+    pub fn is_superseded(&self, session: &Session) -> bool {
+        let Some(version) = session.resource_version() else {
+            return false;
+        };
+        let mut newest = self.newest.lock().expect("known lock");
+        let Some(known) = newest.get_mut(&key_of(session)) else {
+            return false;
+        };
+        if known.newest == version {
+            known.superseded = Vec::new();
+            return false;
+        }
+        known.at.elapsed() < HANDED_FRESH && known.superseded.contains(&version)
     }
 }
 
@@ -241,6 +294,55 @@ mod tests {
         );
         known.note("ns", "s", "5");
         assert!(known.trusts(&watched));
+    }
+
+    #[test]
+    fn a_copy_the_process_saw_replaced_is_superseded_until_the_watch_catches_up() {
+        let known = KnownVersions::default();
+        let (five, six) = (session("s", "5", "hi"), session("s", "6", "hi"));
+        assert!(!known.is_superseded(&five), "never touched");
+        known.note("ns", "s", "5");
+        assert!(!known.is_superseded(&five), "the newest is not superseded");
+        known.note("ns", "s", "6");
+        known.note("ns", "s", "7");
+        assert!(known.is_superseded(&five), "5 was seen replaced");
+        assert!(known.is_superseded(&six));
+        assert!(
+            !known.is_superseded(&session("s", "8", "edited")),
+            "a version it never saw may be newer: the step reads"
+        );
+        assert!(
+            !known.is_superseded(&session("other", "5", "hi")),
+            "another session"
+        );
+        assert!(!known.is_superseded(&session("s", "7", "hi")), "the newest");
+        assert!(
+            !known.is_superseded(&five),
+            "once the watch delivered the newest, older copies come no more"
+        );
+        for v in 10..20 {
+            known.note("ns", "s", &v.to_string());
+        }
+        let kept = known.newest.lock().unwrap()[&("ns".into(), "s".into())]
+            .superseded
+            .len();
+        assert_eq!(kept, SUPERSEDED_MOST, "bounded");
+    }
+
+    #[test]
+    fn a_version_replaced_long_ago_is_read_again() {
+        let known = KnownVersions::default();
+        known.note("ns", "s", "5");
+        known.note("ns", "s", "6");
+        let long_ago = Instant::now().checked_sub(HANDED_FRESH).unwrap();
+        known
+            .newest
+            .lock()
+            .unwrap()
+            .get_mut(&("ns".into(), "s".into()))
+            .unwrap()
+            .at = long_ago;
+        assert!(!known.is_superseded(&session("s", "5", "hi")));
     }
 
     #[test]
