@@ -49,6 +49,9 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
         ctx.metrics.namespace_at_cap();
         return Ok(Action::requeue(namespace_busy_recheck(&name)));
     };
+    // Taken now, so that a reconcile that ends before its step (retention,
+    // deletion, backing off) leaves no whole copy behind in the operator.
+    let handed = ctx.handed.take(&ns, &name);
     if session.metadata.deletion_timestamp.is_some() {
         // Its continuations go by garbage collection; its runs by the
         // sweep; its MCP tasks are cancelled here.
@@ -69,7 +72,7 @@ async fn reconcile_timed(session: Arc<Session>, ctx: Arc<Context>) -> Result<Act
     let tally = Tally::default();
     let store = ctx
         .store_over(&tally.client(&ctx.client), &ns)
-        .starting_from(ctx.handed.take(&ns, &name));
+        .starting_from(handed);
     let resolved = match resolve(&ctx, &session, &ns).await {
         Ok(r) => r,
         Err(not_ready) => return report_not_ready(&ctx, &session, store, not_ready).await,
