@@ -61,29 +61,70 @@ pub struct HandedSessions(Arc<Mutex<Handed>>);
 
 #[derive(Default)]
 struct Handed {
-    kept: HashMap<Key, (HandedCopy, usize)>,
+    kept: HashMap<Key, Kept>,
+    /// Bytes of the kept copies' JSON, which is what they take in memory.
     bytes: usize,
+}
+
+/// A copy as kept: its compact JSON (a parsed Session takes about six
+/// times as much, so a bound on JSON bytes would not bound the memory),
+/// without its managedFields, which no step reads.
+struct Kept {
+    json: Box<[u8]>,
+    version: Option<String>,
+    confirmed: Instant,
+}
+
+impl Kept {
+    fn of(session: &Session, confirmed: Instant) -> Option<Kept> {
+        let mut bare = session.clone();
+        bare.metadata.managed_fields = None;
+        let json = serde_json::to_vec(&bare).ok()?.into_boxed_slice();
+        Some(Kept {
+            json,
+            version: session.resource_version(),
+            confirmed,
+        })
+    }
+
+    fn copy(&self) -> Option<HandedCopy> {
+        let session = serde_json::from_slice(&self.json).ok()?;
+        Some(HandedCopy {
+            session,
+            confirmed: self.confirmed,
+        })
+    }
+}
+
+impl Handed {
+    fn remove(&mut self, key: &Key) -> Option<Kept> {
+        let kept = self.kept.remove(key)?;
+        self.bytes -= kept.json.len();
+        Some(kept)
+    }
+
+    fn insert(&mut self, key: Key, kept: Kept) {
+        self.bytes += kept.json.len();
+        if let Some(old) = self.kept.insert(key, kept) {
+            self.bytes -= old.json.len();
+        }
+    }
 }
 
 impl HandedSessions {
     /// Keeps `session` (the watch's newest) for its next step.
     pub fn hand_in(&self, session: &Session) {
-        let size = json_size(session);
         let key = key_of(session);
         let mut handed = self.0.lock().expect("handed lock");
-        if let Some((_, old)) = handed.kept.remove(&key) {
-            handed.bytes -= old;
-        }
+        handed.remove(&key);
+        let Some(kept) = Kept::of(session, Instant::now()) else {
+            return;
+        };
         let full = handed.kept.len() >= HANDED_MOST;
-        if full || handed.bytes + size > HANDED_BYTES_MOST {
+        if full || handed.bytes + kept.json.len() > HANDED_BYTES_MOST {
             return;
         }
-        handed.bytes += size;
-        let copy = HandedCopy {
-            session: session.clone(),
-            confirmed: Instant::now(),
-        };
-        handed.kept.insert(key, (copy, size));
+        handed.insert(key, kept);
     }
 
     /// Keeps `session`, the newest copy a step holds, for the next step,
@@ -99,51 +140,48 @@ impl HandedSessions {
                     | crate::api::session::SessionPhase::Failed
             )
         });
-        let key = key_of(session);
-        let size = json_size(session);
-        let mut handed = self.0.lock().expect("handed lock");
-        // Half the room at most, so copies kept for waiting sessions never
-        // crowd out what the watch hands in.
-        let full =
-            handed.kept.len() >= HANDED_MOST / 2 || handed.bytes + size > HANDED_BYTES_MOST / 2;
-        let delivered = handed
-            .kept
-            .get(&key)
-            .map(|(c, size)| (c.session.resource_version(), *size));
-        let replaceable = match &delivered {
-            None => true,
-            Some((version, _)) => version.as_ref().is_some_and(|v| older.contains(v)),
-        };
-        if finished || full || !replaceable {
+        if finished {
             return;
         }
-        if let Some((_, old)) = delivered {
-            handed.bytes -= old;
-        }
-        handed.bytes += size;
-        let copy = HandedCopy {
-            session: session.clone(),
-            confirmed,
+        let Some(kept) = Kept::of(session, confirmed) else {
+            return;
         };
-        handed.kept.insert(key, (copy, size));
+        let key = key_of(session);
+        let mut handed = self.0.lock().expect("handed lock");
+        let replaceable = match handed.kept.get(&key) {
+            None => true,
+            Some(delivered) => delivered
+                .version
+                .as_ref()
+                .is_some_and(|v| older.contains(v)),
+        };
+        if !replaceable {
+            return;
+        }
+        // The copy there is one this step got itself: older than this one.
+        handed.remove(&key);
+        // Half the room at most, so copies kept for waiting sessions never
+        // crowd out what the watch hands in.
+        let full = handed.kept.len() >= HANDED_MOST / 2
+            || handed.bytes + kept.json.len() > HANDED_BYTES_MOST / 2;
+        if !full {
+            handed.insert(key, kept);
+        }
     }
 
     /// Drops the copy of `session` (deleted: no step will take it).
     pub fn forget(&self, session: &Session) {
-        let mut handed = self.0.lock().expect("handed lock");
-        if let Some((_, size)) = handed.kept.remove(&key_of(session)) {
-            handed.bytes -= size;
-        }
+        self.0.lock().expect("handed lock").remove(&key_of(session));
     }
 
     /// The copy last handed in or back for `namespace/name`, once; none
     /// when the API server confirmed it [`HANDED_FRESH`] ago or more.
     pub fn take(&self, namespace: &str, name: &str) -> Option<HandedCopy> {
         let key = (namespace.to_string(), name.to_string());
-        let mut handed = self.0.lock().expect("handed lock");
-        let (copy, size) = handed.kept.remove(&key)?;
-        handed.bytes -= size;
-        (copy.confirmed.elapsed() < HANDED_FRESH).then_some(copy)
+        let kept = self.0.lock().expect("handed lock").remove(&key)?;
+        (kept.confirmed.elapsed() < HANDED_FRESH)
+            .then(|| kept.copy())
+            .flatten()
     }
 
     #[cfg(test)]
@@ -402,6 +440,29 @@ mod tests {
         handed.hand_in(&session("s", "10", "hi"));
         handed.forget(&session("s", "11", "hi"));
         assert!(handed.take("ns", "s").is_none(), "deleted: forgotten");
+        assert_eq!(handed.bytes(), 0);
+    }
+
+    #[test]
+    fn a_kept_copy_comes_back_whole_without_its_managed_fields() {
+        let handed = HandedSessions::default();
+        let mut watched = session("s", "5", "hi");
+        watched.metadata.managed_fields = Some(vec![Default::default()]);
+        watched.status = Some(crate::api::SessionStatus {
+            state: Some(
+                serde_json::json!({"phase": "Waiting", "turns": [{"role": "user", "message": "hi"}]}),
+            ),
+            ..Default::default()
+        });
+        handed.hand_in(&watched);
+        let mut bare = watched.clone();
+        bare.metadata.managed_fields = None;
+        assert_eq!(handed.bytes(), serde_json::to_vec(&bare).unwrap().len());
+        let copy = handed.take("ns", "s").expect("kept");
+        assert_eq!(
+            serde_json::to_value(&copy.session).unwrap(),
+            serde_json::to_value(&bare).unwrap()
+        );
         assert_eq!(handed.bytes(), 0);
     }
 
