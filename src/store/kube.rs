@@ -87,6 +87,9 @@ struct Seen {
     version: String,
     /// What the rest of the object leaves for the status.
     budget: spill::Budget,
+    /// The object at `version` but its status and managedFields: a status
+    /// PUT sends it back unchanged (see [`KubeStore::replace_session_status`]).
+    rest: Arc<Value>,
 }
 
 fn seen_of(obj: &Session) -> Seen {
@@ -103,7 +106,22 @@ fn seen_of(obj: &Session) -> Seen {
             .map(|s| s.conditions.clone())
             .unwrap_or_default(),
         version: obj.resource_version().unwrap_or_default(),
+        rest: Arc::new(rest_of(obj)),
     }
+}
+
+/// `obj` without its status and managedFields, as JSON.
+fn rest_of(obj: &Session) -> Value {
+    let mut metadata = serde_json::to_value(&obj.metadata).unwrap_or_default();
+    if let Some(m) = metadata.as_object_mut() {
+        m.remove("managedFields");
+    }
+    json!({
+        "apiVersion": <Session as kube::Resource>::api_version(&()),
+        "kind": <Session as kube::Resource>::kind(&()),
+        "metadata": metadata,
+        "spec": obj.spec,
+    })
 }
 
 /// The newest copy of its session a store got, and the versions before it.
@@ -410,8 +428,13 @@ impl KubeStore {
                 id: id.clone(),
                 why,
             })?;
-        let status = merge_patch(&seen.status, &new);
-        match self.patch_session_status(&id.0, &expected.0, status).await {
+        let written = if seen.version == expected.0 {
+            self.replace_session_status(&id.0, &seen.rest, new).await
+        } else {
+            let status = merge_patch(&seen.status, &new);
+            self.patch_session_status(&id.0, &expected.0, status).await
+        };
+        match written {
             Ok(obj) => version_of(&obj.metadata),
             Err(kube::Error::Api(s)) if is_conflict(&s) => Err(StoreError::Conflict {
                 id: id.clone(),
@@ -497,6 +520,44 @@ impl KubeStore {
             .sessions
             .patch_status(name, &status_patch_params(), &Patch::Merge(&body))
             .await?;
+        self.remember(name, seen_of(&obj));
+        self.newest
+            .lock()
+            .expect("newest lock")
+            .note(&obj, Instant::now());
+        Ok(obj)
+    }
+
+    /// Replaces Session `name`'s status with `status` (a PUT of the status
+    /// subresource), only if the Session is still at the version of
+    /// `rest` (the rest of the object, as this store last saw it). A PUT
+    /// costs kube-apiserver about 30 % less CPU than the same status as a
+    /// merge patch, which it must first apply to the stored object
+    /// (`cluster_write_cost`). The API server keeps all but the status of
+    /// the stored object, yet its field manager compares the body's
+    /// metadata with the stored one: the body carries it unchanged, or
+    /// the finalizers, labels and annotations it lacked would lose their
+    /// owners. Counted, and its answer kept as the newest copy this
+    /// process has seen.
+    async fn replace_session_status(
+        &self,
+        name: &str,
+        rest: &Value,
+        status: Value,
+    ) -> Result<Session, kube::Error> {
+        use kube::Resource;
+        let mut body = rest.clone();
+        body["status"] = status;
+        let params = kube::api::PostParams {
+            field_manager: Some(records::STATUS_MANAGER.into()),
+            ..Default::default()
+        };
+        let bytes = serde_json::to_vec(&body).map_err(kube::Error::SerdeError)?;
+        let request = kube::core::Request::new(Session::url_path(&(), Some(&self.namespace)))
+            .replace_subresource("status", name, &params, bytes)
+            .map_err(kube::Error::BuildRequest)?;
+        self.count_write();
+        let obj: Session = self.client.request(request).await?;
         self.remember(name, seen_of(&obj));
         self.newest
             .lock()

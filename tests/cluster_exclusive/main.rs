@@ -26,4 +26,5 @@ mod cluster_killloop;
 mod cluster_scale;
 mod cluster_slots;
 mod cluster_subagent_bench;
+mod cluster_write_cost;
 mod cluster_writes;

@@ -130,3 +130,77 @@ async fn status_writes_keep_managed_fields_one_entry_and_the_same_size() {
     );
     assert_eq!(bytes20, bytes3, "managedFields grew with the status writes");
 }
+
+/// The session `labelled` as a person applies it: with `labels`.
+fn labelled(labels: &str) -> String {
+    format!(
+        "apiVersion: agents-exe.io/v1alpha1\nkind: Session\n\
+         metadata: {{name: labelled, labels: {{{labels}}}, annotations: {{note: kept}}}}\n\
+         spec:\n  agentRef: {{name: fields}}\n  messages: [\"turns: 4\"]\n"
+    )
+}
+
+/// Status writes send the rest of the object back as they found it, so
+/// they take no field from its owner: a label a person applied is still
+/// theirs after every status write, and applying again without it
+/// removes it (a write that dropped the owner would leave it behind, as
+/// it would leave a finalizer nobody can take off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_leave_a_persons_labels_theirs() {
+    let Some((client, ns)) = support::cluster_namespace("owners").await else {
+        return;
+    };
+    let server = model_and_tool();
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let op = Operator::start(BIN, &ns.name, &kubeconfig, &["-n", &ns.name], &[]);
+    let agent_only: String = manifests(server.port)
+        .split("---")
+        .next()
+        .unwrap()
+        .to_string();
+    support::apply(&ns.name, &agent_only);
+    let person = ["--server-side", "--field-manager=person"];
+    support::apply_with(&ns.name, &labelled("team: a, tier: b"), &person);
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let started = Instant::now();
+    let done = loop {
+        let s = sessions.get("labelled").await.unwrap();
+        let phase = serde_json::to_value(&s.status).unwrap()["phase"].clone();
+        if phase == "Succeeded" {
+            break s;
+        }
+        assert!(phase != "Failed", "{}", op.log_text());
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{}",
+            op.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let entries = serde_json::to_value(&done.metadata.managed_fields).unwrap();
+    let persons = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["manager"] == "person")
+        .unwrap_or_else(|| panic!("no entry of the person's apply: {entries}"));
+    let labels = &persons["fieldsV1"]["f:metadata"]["f:labels"];
+    assert!(
+        labels.get("f:team").is_some() && labels.get("f:tier").is_some(),
+        "the person's labels lost their owner: {entries}"
+    );
+    assert!(
+        persons["fieldsV1"]["f:metadata"]["f:annotations"]
+            .get("f:note")
+            .is_some(),
+        "{entries}"
+    );
+    support::apply_with(&ns.name, &labelled("team: a"), &person);
+    let after = sessions.get("labelled").await.unwrap();
+    let labels = after.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+    assert!(
+        !labels.contains_key("tier"),
+        "applying without the label left it: {labels:?}"
+    );
+}
