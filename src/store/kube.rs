@@ -87,7 +87,7 @@ struct Seen {
     version: String,
     /// What the rest of the object leaves for the status.
     budget: spill::Budget,
-    /// The object at `version` but its status and managedFields: a status
+    /// The object's metadata at `version` but its managedFields: a status
     /// PUT sends it back unchanged (see [`KubeStore::replace_session_status`]).
     rest: Arc<Value>,
 }
@@ -110,7 +110,11 @@ fn seen_of(obj: &Session) -> Seen {
     }
 }
 
-/// `obj` without its status and managedFields, as JSON.
+/// What a status PUT sends beside the status: `obj`'s metadata but its
+/// managedFields (`ObjectMeta` holds every field of the API's, so it
+/// goes back as it came). Not the spec: a status write resets it to the
+/// stored one before the field manager compares, and the typed spec
+/// would not carry fields of a newer CRD back.
 fn rest_of(obj: &Session) -> Value {
     let mut metadata = serde_json::to_value(&obj.metadata).unwrap_or_default();
     if let Some(m) = metadata.as_object_mut() {
@@ -120,7 +124,6 @@ fn rest_of(obj: &Session) -> Value {
         "apiVersion": <Session as kube::Resource>::api_version(&()),
         "kind": <Session as kube::Resource>::kind(&()),
         "metadata": metadata,
-        "spec": obj.spec,
     })
 }
 
@@ -530,7 +533,7 @@ impl KubeStore {
 
     /// Replaces Session `name`'s status with `status` (a PUT of the status
     /// subresource), only if the Session is still at the version of
-    /// `rest` (the rest of the object, as this store last saw it). A PUT
+    /// `rest` (its metadata, as this store last saw it). A PUT
     /// costs kube-apiserver about 30 % less CPU than the same status as a
     /// merge patch, which it must first apply to the stored object
     /// (`cluster_write_cost`). The API server keeps all but the status of

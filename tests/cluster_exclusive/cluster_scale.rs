@@ -355,7 +355,9 @@ fn capture_cost_per_session(
     let sum = |m: &str, which: &str| {
         m.lines()
             .filter(|l| l.starts_with(&format!("apiserver_request_body_size_bytes_{which}{{")))
-            .filter(|l| l.contains("resource=\"sessions\"") && l.contains("verb=\"patch\""))
+            // Status writes are PUTs (verb "update"); the creates, by
+            // server-side apply, are "patch".
+            .filter(|l| l.contains("resource=\"sessions\"") && l.contains("verb=\"update\""))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>()
     };
@@ -376,7 +378,7 @@ fn capture_cost_per_session(
         .unwrap()
         .len();
     out.push(format!(
-        "status writes on the wire: {:.0} bytes each ({patches:.0} patches); managedFields of a finished session: {managed} bytes ({} managers)",
+        "status writes on the wire: {:.0} bytes each ({patches:.0} PUTs); managedFields of a finished session: {managed} bytes ({} managers)",
         bytes / patches.max(1.0),
         one["metadata"]["managedFields"].as_array().map_or(0, |a| a.len())
     ));

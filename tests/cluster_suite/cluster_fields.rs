@@ -195,6 +195,11 @@ async fn status_writes_leave_a_persons_labels_theirs() {
             .is_some(),
         "{entries}"
     );
+    let spec = &persons["fieldsV1"]["f:spec"];
+    assert!(
+        spec.get("f:agentRef").is_some() && spec.get("f:messages").is_some(),
+        "the person's spec lost its owner: {entries}"
+    );
     support::apply_with(&ns.name, &labelled("team: a"), &person);
     let after = sessions.get("labelled").await.unwrap();
     let labels = after.metadata.labels.unwrap_or_default();

@@ -75,11 +75,59 @@ struct Kept {
     confirmed: Instant,
 }
 
+/// A Session serialised as itself but without its managedFields, from a
+/// borrow: a watch delivers every write, and a clone of each delivery
+/// only to drop a part of it cost a copy of the whole object.
+struct Bare<'a>(&'a Session);
+
+impl serde::Serialize for Bare<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use kube::Resource;
+        use serde::ser::SerializeMap;
+        let session = self.0;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("apiVersion", &Session::api_version(&()))?;
+        map.serialize_entry("kind", &Session::kind(&()))?;
+        map.serialize_entry("metadata", &BareMeta(&session.metadata))?;
+        map.serialize_entry("spec", &session.spec)?;
+        if let Some(status) = &session.status {
+            map.serialize_entry("status", status)?;
+        }
+        map.end()
+    }
+}
+
+/// Object metadata without managedFields: serialised through
+/// `ObjectMeta`'s own `Serialize`, with the one field it skips left out.
+struct BareMeta<'a>(&'a kube::api::ObjectMeta);
+
+impl serde::Serialize for BareMeta<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let m = self.0;
+        let meta = kube::api::ObjectMeta {
+            annotations: m.annotations.clone(),
+            creation_timestamp: m.creation_timestamp.clone(),
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            finalizers: m.finalizers.clone(),
+            generate_name: m.generate_name.clone(),
+            generation: m.generation,
+            labels: m.labels.clone(),
+            managed_fields: None,
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            owner_references: m.owner_references.clone(),
+            resource_version: m.resource_version.clone(),
+            self_link: m.self_link.clone(),
+            uid: m.uid.clone(),
+        };
+        meta.serialize(serializer)
+    }
+}
+
 impl Kept {
     fn of(session: &Session, confirmed: Instant) -> Option<Kept> {
-        let mut bare = session.clone();
-        bare.metadata.managed_fields = None;
-        let json = serde_json::to_vec(&bare).ok()?.into_boxed_slice();
+        let json = serde_json::to_vec(&Bare(session)).ok()?.into_boxed_slice();
         Some(Kept {
             json,
             version: session.resource_version(),
@@ -448,6 +496,10 @@ mod tests {
         let handed = HandedSessions::default();
         let mut watched = session("s", "5", "hi");
         watched.metadata.managed_fields = Some(vec![Default::default()]);
+        watched.metadata.labels = Some([("team".into(), "a".into())].into());
+        watched.metadata.finalizers = Some(vec!["agents-exe.io/x".into()]);
+        watched.metadata.uid = Some("u-1".into());
+        watched.metadata.generation = Some(3);
         watched.status = Some(crate::api::SessionStatus {
             state: Some(
                 serde_json::json!({"phase": "Waiting", "turns": [{"role": "user", "message": "hi"}]}),
