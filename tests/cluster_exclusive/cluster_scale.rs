@@ -790,10 +790,10 @@ async fn completer_rounds(
             a("GET", "continuations"),
             a("PATCH", "continuations"),
             a("GET", "sessions"),
-            a("PATCH", "sessions"),
+            a("PUT", "sessions"),
         ));
     }
-    println!("| completer: kube-apiserver's request latency p50/p99 ms (bucket bounds) | GET continuation | PATCH continuation | GET session | PATCH session |");
+    println!("| completer: kube-apiserver's request latency p50/p99 ms (bucket bounds) | GET continuation | PATCH continuation | GET session | PUT session (status) |");
     println!("|---|---|---|---|---|");
     for row in api_rows {
         println!("{row}");

@@ -174,7 +174,9 @@ async fn api_writes_per_call_of_the_requested_flow() {
             .copied()
             .unwrap_or(0)
     };
-    let session_writes = of("PATCH", "sessions");
+    // Status writes are PUTs (a merge patch where the store held no copy
+    // at the expected version); the finalizer and settle are patches.
+    let session_writes = of("PATCH", "sessions") + of("PUT", "sessions");
     let continuation_writes = of("POST", "continuations") + of("PATCH", "continuations");
     eprintln!(
         "API writes for the flow (1 runSync, 1 runAsync, 1 defer; 2 model turns): {delta:?}; \

@@ -173,14 +173,14 @@ async fn a_wake_asks_at_most_one_request_before_it_writes() {
     eprintln!(
         "bench: wake_requests wakes={count} requests_before_first_write_sum={sum} le0={} le1={} le2={} \
          per_session get_sessions={:.2} list_continuations={:.2} get_continuations={:.2} \
-         patch_sessions_status={:.2} create_continuations={:.2} patch_continuations_status={:.2}",
+         sessions_status_writes={:.2} create_continuations={:.2} patch_continuations_status={:.2}",
         histogram("0.0"),
         histogram("1.0"),
         histogram("2.0"),
         per_session("get", "sessions"),
         per_session("list", "continuations"),
         per_session("get", "continuations"),
-        per_session("patch", "sessions/status"),
+        per_session("update", "sessions/status") + per_session("patch", "sessions/status"),
         per_session("create", "continuations"),
         per_session("patch", "continuations/status"),
     );
