@@ -71,6 +71,40 @@ fn apply(ns: &str, yaml: &str) {
     support::apply_with(ns, yaml, &["--server-side"]);
 }
 
+/// kube-apiserver's live heap: what its last garbage collection marked
+/// live (`go_gc_heap_live_bytes`), in MiB. RSS is a high-water mark of a
+/// heap that runs up to twice its live size between collections, so it
+/// says little of what each stored session keeps.
+fn api_live_heap_mib() -> f64 {
+    let metrics = kubectl_ok(["get", "--raw", "/metrics"]);
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("go_gc_heap_live_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|b| b / (1024.0 * 1024.0))
+        .unwrap_or(f64::NAN)
+}
+
+/// kube-apiserver's live heap and RSS after each batch, and what each
+/// grew per 1,000 sessions from one batch to the next.
+fn print_heap_rows(rows: &[(usize, f64, f64)]) {
+    println!("| sessions | kube-apiserver live heap MiB | per 1,000 sessions since the batch before | its RSS MiB | per 1,000 sessions since the batch before |");
+    println!("|---|---|---|---|---|");
+    let mut before: Option<&(usize, f64, f64)> = None;
+    for row in rows {
+        let (size, heap, rss) = *row;
+        let per = |now: f64, then: f64, then_size: usize| {
+            format!("{:.0}", (now - then) * 1000.0 / (size - then_size) as f64)
+        };
+        let (heap_per, rss_per) = match before {
+            Some(&(s, h, r)) if size > s => (per(heap, h, s), per(rss, r, s)),
+            _ => ("-".into(), "-".into()),
+        };
+        println!("| {size} | {heap:.0} | {heap_per} | {rss:.0} | {rss_per} |");
+        before = Some(row);
+    }
+}
+
 fn rss_mib(pid: i32) -> f64 {
     vm_kib(pid, "VmRSS:") / 1024.0
 }
@@ -472,6 +506,7 @@ async fn sessions_at_scale() {
     let mut last_requests = None;
     let mut cpu_rows = Vec::new();
     let mut first_batch_cost = None;
+    let mut heap_rows: Vec<(usize, f64, f64)> = Vec::new();
     for (batch_index, size) in sizes.into_iter().enumerate() {
         let metrics_before = op.probe("/metrics").1;
         let api_metrics_before = kubectl_ok(["get", "--raw", "/metrics"]);
@@ -509,6 +544,7 @@ async fn sessions_at_scale() {
         let rss = rss_mib(op.pid());
         let peak = vm_kib(op.pid(), "VmHWM:") / 1024.0;
         per_session_kb = (rss - idle_rss).max(0.0) * 1024.0 / size as f64;
+        heap_rows.push((size, api_live_heap_mib(), rss_mib(apiserver_pid())));
         let metrics = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&metrics_before, &metrics, name, q));
         println!(
@@ -547,6 +583,7 @@ async fn sessions_at_scale() {
     for line in first_batch_cost.unwrap_or_default() {
         println!("{line}");
     }
+    print_heap_rows(&heap_rows);
     println!("| sessions | operator CPU ms/session | kube-apiserver CPU ms/session | etcd CPU ms/session | of the machine's CPU |");
     println!("|---|---|---|---|---|");
     for row in &cpu_rows {
