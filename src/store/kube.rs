@@ -317,6 +317,17 @@ impl KubeStore {
             .insert(name.into(), seen);
     }
 
+    /// Keeps `obj`, as a read or write returned it (the API server
+    /// confirmed it at `confirmed`), as what the next write starts from
+    /// and as the newest copy this process has seen.
+    fn note_copy(&self, name: &str, obj: &Session, confirmed: Instant) {
+        self.remember(name, seen_of(obj));
+        self.newest
+            .lock()
+            .expect("newest lock")
+            .note(obj, confirmed);
+    }
+
     /// What the last read or write showed of the session, or a fresh read.
     async fn seen_or_read(&self, id: &SessionId) -> StoreResult<Seen> {
         if let Some(seen) = self.seen(&id.0) {
@@ -394,11 +405,7 @@ impl KubeStore {
             },
         };
         let record = self.read_session(&obj).await?;
-        self.remember(&id.0, seen_of(&obj));
-        self.newest
-            .lock()
-            .expect("newest lock")
-            .note(&obj, confirmed);
+        self.note_copy(&id.0, &obj, confirmed);
         Ok(Some(Versioned {
             value: record,
             version: version_of(&obj.metadata)?,
@@ -523,11 +530,7 @@ impl KubeStore {
             .sessions
             .patch_status(name, &status_patch_params(), &Patch::Merge(&body))
             .await?;
-        self.remember(name, seen_of(&obj));
-        self.newest
-            .lock()
-            .expect("newest lock")
-            .note(&obj, Instant::now());
+        self.note_copy(name, &obj, Instant::now());
         Ok(obj)
     }
 
@@ -551,21 +554,14 @@ impl KubeStore {
         use kube::Resource;
         let mut body = rest.clone();
         body["status"] = status;
-        let params = kube::api::PostParams {
-            field_manager: Some(records::STATUS_MANAGER.into()),
-            ..Default::default()
-        };
+        let params = status_post_params();
         let bytes = serde_json::to_vec(&body).map_err(kube::Error::SerdeError)?;
         let request = kube::core::Request::new(Session::url_path(&(), Some(&self.namespace)))
             .replace_subresource("status", name, &params, bytes)
             .map_err(kube::Error::BuildRequest)?;
         self.count_write();
         let obj: Session = self.client.request(request).await?;
-        self.remember(name, seen_of(&obj));
-        self.newest
-            .lock()
-            .expect("newest lock")
-            .note(&obj, Instant::now());
+        self.note_copy(name, &obj, Instant::now());
         Ok(obj)
     }
 

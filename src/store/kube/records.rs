@@ -16,6 +16,14 @@ pub fn status_patch_params() -> PatchParams {
     }
 }
 
+/// How a Session's status is replaced (a PUT): under [`STATUS_MANAGER`].
+pub fn status_post_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(STATUS_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn wall_now() -> Millis {
     use crate::ports::Clock;
     SystemClock.now()
