@@ -333,10 +333,15 @@ pub(super) async fn ensure_continuation(
     } else if let Some(hit) = cache_hit(p, &spec).await? {
         // Only calls that run by themselves may be answered from the
         // cache; an approval or a person's answer is never skipped.
-        patiently(p.clock, "a result", || {
+        let written = patiently(p.clock, "a result", || {
             p.continuations.complete(&spec.token, &hit, "cache", now)
         })
         .await?;
+        if let WriteOnce::AlreadyDifferent { .. } = written {
+            // Another writer completed it after our `ensure`: its result
+            // stands, as the first of any write-once value does.
+            return take_in_current(p, ctx, session, &spec).await;
+        }
         let by = "cache".to_string();
         p.observer.observe(&Progress::tool_result(
             sid,
@@ -371,6 +376,24 @@ pub(super) async fn ensure_continuation(
             reason: spec.reason.clone(),
         });
     }
+    Ok(())
+}
+
+/// Reads a continuation again and takes in what it holds.
+async fn take_in_current(
+    p: &Ports<'_>,
+    ctx: &StepContext<'_>,
+    session: &mut Session,
+    spec: &crate::core::session::ContinuationSpec,
+) -> Result<(), StoreError> {
+    let now = p.clock.now();
+    let record = patiently(p.clock, "a continuation", || {
+        p.continuations.ensure(ctx.owner, spec, now)
+    })
+    .await?;
+    let waiting = Some(spec.waiting_for);
+    let usage = recorded_child_usage(p, session, &record, waiting).await;
+    apply_record(p.observer, session, &record, waiting, now, usage);
     Ok(())
 }
 

@@ -41,6 +41,11 @@ struct MemStore {
     ensure_faults: AtomicU32,
     /// Records larger than this (as JSON) are refused as too large.
     max_record_bytes: Option<usize>,
+    /// What every cache lookup finds.
+    cached: Mutex<Option<ToolResult>>,
+    /// A writer that gets in first: at the next cache lookup, it completes
+    /// every open continuation with this result, as `worker`.
+    completes_first: Mutex<Option<ToolResult>>,
 }
 
 impl MemStore {
@@ -233,7 +238,16 @@ impl CachePort for MemStore {
         &'a self,
         key: &'a crate::core::CacheKey,
     ) -> BoxFuture<'a, StoreResult<Option<ToolResult>>> {
-        let hit = self.cache.lock().unwrap().get(&format!("{key:?}")).cloned();
+        if let Some(first) = self.completes_first.lock().unwrap().take() {
+            let mut all = self.continuations.lock().unwrap();
+            for rec in all.values_mut().filter(|r| r.result.is_none()) {
+                rec.result = Some(first.clone());
+                rec.completed_by = Some("worker".into());
+                rec.completed_at = Some(Millis(0));
+            }
+        }
+        let stored = self.cache.lock().unwrap().get(&format!("{key:?}")).cloned();
+        let hit = stored.or_else(|| self.cached.lock().unwrap().clone());
         Box::pin(async move { Ok(hit) })
     }
     fn remember<'a>(
@@ -487,6 +501,7 @@ fn first_result(store: &MemStore) -> Option<ToolResult> {
 }
 
 mod background;
+mod cached;
 mod calls;
 mod claims_and_store;
 mod shared_budgets;
