@@ -98,6 +98,12 @@ pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// The CRDs as installed. A status is an object or absent, never `null`.
+///
+/// A Session's status is one atomic value: the operator alone writes it,
+/// always whole, so the API server need not track who owns each of its
+/// fields. Granular, its field set was two-fifths of a finished session's
+/// stored object (`metadata.managedFields`), kept in etcd, in the watch
+/// cache, in every watch event, and computed again on every write.
 pub fn crds() -> [CustomResourceDefinition; 4] {
     [
         Agent::crd(),
@@ -106,6 +112,7 @@ pub fn crds() -> [CustomResourceDefinition; 4] {
         Budget::crd(),
     ]
     .map(|mut crd| {
+        let whole_status = crd.spec.names.kind == "Session";
         for version in &mut crd.spec.versions {
             let status = version
                 .schema
@@ -115,6 +122,9 @@ pub fn crds() -> [CustomResourceDefinition; 4] {
                 .and_then(|p| p.get_mut("status"));
             if let Some(status) = status {
                 status.nullable = None;
+                if whole_status {
+                    status.x_kubernetes_map_type = Some("atomic".into());
+                }
             }
         }
         crd

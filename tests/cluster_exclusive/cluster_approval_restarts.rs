@@ -21,41 +21,16 @@ use crate::support;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::http::{Response, Server};
-use support::{apply, kubectl, kubectl_ok, ClusterScoped, TestNamespace};
+use support::{apply, chaos, kubectl, kubectl_ok, ClusterScoped, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const SESSIONS: usize = 50;
 const APPROVERS: [&str; 2] = ["approver-a", "approver-b"];
-
-/// `tests/cluster/chaos ARGS`, with no file descriptor of this process
-/// but stdin, stdout and stderr: the components it starts again outlive
-/// the test, and one holding an inherited descriptor of the cluster lock
-/// (`flock -x /work/cluster.lock`) would hold the lock for ever.
-fn chaos(args: &[&str]) -> Output {
-    let mut command = Command::new(support::repo_root().join("tests/cluster/chaos"));
-    command.args(args);
-    // SAFETY: only close(2), async-signal-safe, between fork and exec.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            for fd in 3..4096 {
-                libc::close(fd);
-            }
-            Ok(())
-        });
-    }
-    let out = command.output().expect("run tests/cluster/chaos");
-    eprintln!(
-        "chaos {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();

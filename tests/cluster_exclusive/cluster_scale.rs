@@ -85,24 +85,170 @@ fn api_live_heap_mib() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// kube-apiserver's memory after a batch, and the event history its
+/// Session watch cache keeps: an object per write of the last 75 s at
+/// least (`eventFreshDuration`), in a ring that doubles while full of
+/// fresh events and empties only as later writes overwrite it. So after a
+/// batch the heap holds each session's writes, not only the session.
+struct HeapRow {
+    sessions: usize,
+    live_mib: f64,
+    rss_mib: f64,
+    history_capacity: f64,
+}
+
+fn heap_row(sessions: usize) -> HeapRow {
+    let metrics = kubectl_ok(["get", "--raw", "/metrics"]);
+    HeapRow {
+        sessions,
+        live_mib: api_live_heap_mib(),
+        rss_mib: rss_mib(apiserver_pid()),
+        history_capacity: sample(
+            &metrics,
+            "watch_cache_capacity{group=\"agents-exe.io\",resource=\"sessions\"}",
+        ),
+    }
+}
+
 /// kube-apiserver's live heap and RSS after each batch, and what each
 /// grew per 1,000 sessions from one batch to the next.
-fn print_heap_rows(rows: &[(usize, f64, f64)]) {
-    println!("| sessions | kube-apiserver live heap MiB | per 1,000 sessions since the batch before | its RSS MiB | per 1,000 sessions since the batch before |");
-    println!("|---|---|---|---|---|");
-    let mut before: Option<&(usize, f64, f64)> = None;
+fn print_heap_rows(rows: &[HeapRow]) {
+    println!("| sessions | kube-apiserver live heap MiB | per 1,000 sessions since the batch before | its RSS MiB | per 1,000 sessions since the batch before | Session watch cache history (events) |");
+    println!("|---|---|---|---|---|---|");
+    let mut before: Option<&HeapRow> = None;
     for row in rows {
-        let (size, heap, rss) = *row;
         let per = |now: f64, then: f64, then_size: usize| {
-            format!("{:.0}", (now - then) * 1000.0 / (size - then_size) as f64)
+            format!(
+                "{:.0}",
+                (now - then) * 1000.0 / (row.sessions - then_size) as f64
+            )
         };
         let (heap_per, rss_per) = match before {
-            Some(&(s, h, r)) if size > s => (per(heap, h, s), per(rss, r, s)),
+            Some(b) if row.sessions > b.sessions => (
+                per(row.live_mib, b.live_mib, b.sessions),
+                per(row.rss_mib, b.rss_mib, b.sessions),
+            ),
             _ => ("-".into(), "-".into()),
         };
-        println!("| {size} | {heap:.0} | {heap_per} | {rss:.0} | {rss_per} |");
+        println!(
+            "| {} | {:.0} | {heap_per} | {:.0} | {rss_per} | {:.0} |",
+            row.sessions, row.live_mib, row.rss_mib, row.history_capacity
+        );
         before = Some(row);
     }
+}
+
+/// kube-apiserver holding what etcd stores and no history of writes:
+/// restarted, its Session and Continuation watch caches filled from etcd,
+/// then collected. The difference between two of these is what stored
+/// sessions cost it at rest.
+struct AtRest {
+    sessions: usize,
+    live_mib: f64,
+    rss_mib: f64,
+}
+
+fn api_memory_at_rest() -> AtRest {
+    let restarted = support::chaos(&["restart", "kube-apiserver", "1"]);
+    assert!(
+        restarted.status.success(),
+        "tests/cluster/chaos restart kube-apiserver failed (its output above)"
+    );
+    wait_until("kube-apiserver ready again", 90, || {
+        support::kubectl(["get", "--raw", "/readyz"])
+            .status
+            .success()
+    });
+    // A CRD's watch cache starts with the first request for it, and counts
+    // its initialisation once filled from etcd.
+    let sessions = kubectl_ok(["get", "sessions", "-A", "-o", "name"])
+        .lines()
+        .count();
+    kubectl_ok(["get", "continuations", "-A", "-o", "name"]);
+    for resource in ["sessions", "continuations"] {
+        let series = format!(
+            "apiserver_watch_cache_initializations_total{{group=\"agents-exe.io\",resource=\"{resource}\"}}"
+        );
+        wait_until(&format!("the {resource} watch cache"), 60, || {
+            sample(&kubectl_ok(["get", "--raw", "/metrics"]), &series) >= 1.0
+        });
+    }
+    force_api_gc();
+    AtRest {
+        sessions,
+        live_mib: api_live_heap_mib(),
+        rss_mib: settled_rss_mib(apiserver_pid()),
+    }
+}
+
+/// A process's RSS once the Go runtime has given back what its last
+/// collection freed: its scavenger returns pages in the background, down
+/// to about 1.1 times the heap's next goal. Read every 5 s until two
+/// readings 10 s apart differ by under 1 MiB, or for 2 minutes at most.
+fn settled_rss_mib(pid: i32) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut readings = vec![rss_mib(pid)];
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_secs(5));
+        readings.push(rss_mib(pid));
+        if let [.., ten_seconds_ago, _, now] = readings[..] {
+            if (ten_seconds_ago - now).abs() < 1.0 {
+                break;
+            }
+        }
+    }
+    *readings.last().unwrap()
+}
+
+/// Collects kube-apiserver's heap: at once through `/debug/pprof/heap?gc=1`
+/// when it profiles (`AGENTS_CLUSTER_PROFILING=true tests/cluster/up`),
+/// else by waiting for its next collection (the Go runtime forces one at
+/// least every two minutes).
+fn force_api_gc() {
+    if support::kubectl(["get", "--raw", "/debug/pprof/heap?gc=1"])
+        .status
+        .success()
+    {
+        return;
+    }
+    let collections = || {
+        sample(
+            &kubectl_ok(["get", "--raw", "/metrics"]),
+            "go_gc_duration_seconds_count",
+        )
+    };
+    let before = collections();
+    wait_until("kube-apiserver's next garbage collection", 150, || {
+        collections() > before
+    });
+}
+
+fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn print_at_rest(before: &AtRest, after: &AtRest) {
+    let stored = after.sessions.saturating_sub(before.sessions).max(1) as f64;
+    let per = |now: f64, then: f64| (now - then) * 1000.0 / stored;
+    println!("| kube-apiserver at rest (restarted, caches filled, collected) | sessions stored | live heap MiB | RSS MiB, settled |");
+    println!("|---|---|---|---|");
+    println!(
+        "| before the batches | {} | {:.0} | {:.0} |",
+        before.sessions, before.live_mib, before.rss_mib
+    );
+    println!(
+        "| with the sessions | {} | {:.0} | {:.0} |",
+        after.sessions, after.live_mib, after.rss_mib
+    );
+    println!(
+        "| per 1,000 sessions stored (with their Continuations and Events) | | {:.1} | {:.1} |",
+        per(after.live_mib, before.live_mib),
+        per(after.rss_mib, before.rss_mib)
+    );
 }
 
 fn rss_mib(pid: i32) -> f64 {
@@ -480,6 +626,7 @@ async fn sessions_at_scale() {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
+    let at_rest_before = api_memory_at_rest();
     // Compacted and defragmented first, so before and after compare alike.
     etcd_compact_and_defrag();
     let etcd_start = etcd_mb();
@@ -506,7 +653,7 @@ async fn sessions_at_scale() {
     let mut last_requests = None;
     let mut cpu_rows = Vec::new();
     let mut first_batch_cost = None;
-    let mut heap_rows: Vec<(usize, f64, f64)> = Vec::new();
+    let mut heap_rows: Vec<HeapRow> = Vec::new();
     for (batch_index, size) in sizes.into_iter().enumerate() {
         let metrics_before = op.probe("/metrics").1;
         let api_metrics_before = kubectl_ok(["get", "--raw", "/metrics"]);
@@ -544,7 +691,7 @@ async fn sessions_at_scale() {
         let rss = rss_mib(op.pid());
         let peak = vm_kib(op.pid(), "VmHWM:") / 1024.0;
         per_session_kb = (rss - idle_rss).max(0.0) * 1024.0 / size as f64;
-        heap_rows.push((size, api_live_heap_mib(), rss_mib(apiserver_pid())));
+        heap_rows.push(heap_row(size));
         let metrics = op.probe("/metrics").1;
         let q = |name: &str, q: f64| ms(quantile(&metrics_before, &metrics, name, q));
         println!(
@@ -612,6 +759,7 @@ async fn sessions_at_scale() {
     completer_rounds(&client, &ns.name, &op, made).await;
     let etcd_full = etcd_mb();
     drop(op);
+    print_at_rest(&at_rest_before, &api_memory_at_rest());
 
     // Retention: a TTL of one second for finished sessions; the operator
     // deletes them, the garbage collector their continuations.

@@ -1,6 +1,8 @@
 //! A Session's managedFields under the operator: its status is written
 //! under one field manager, so the entries and their bytes stay the same
-//! however many status writes a session takes (3 turns or 20).
+//! however many status writes a session takes (3 turns or 20), and that
+//! manager owns the status as one atomic value (`x-kubernetes-map-type:
+//! atomic`), not field by field.
 
 use crate::support;
 
@@ -80,6 +82,18 @@ fn managed(session: &Session) -> (usize, usize, Vec<String>) {
     (entries.len(), bytes, status_managers)
 }
 
+/// The field sets the status entries own.
+fn status_field_sets(session: &Session) -> Vec<Value> {
+    let entries = serde_json::to_value(&session.metadata.managed_fields).unwrap();
+    entries
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["subresource"] == "status")
+        .map(|e| e["fieldsV1"].clone())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_writes_keep_managed_fields_one_entry_and_the_same_size() {
     let Some((client, ns)) = support::cluster_namespace("fields").await else {
@@ -129,6 +143,13 @@ async fn status_writes_keep_managed_fields_one_entry_and_the_same_size() {
         "{most_entries} entries at one time"
     );
     assert_eq!(bytes20, bytes3, "managedFields grew with the status writes");
+    for session in &done {
+        assert_eq!(
+            status_field_sets(session),
+            [json!({"f:status": {}})],
+            "the status manager owns the status whole (atomic), not field by field"
+        );
+    }
 }
 
 /// The session `labelled` as a person applies it: with `labels`.

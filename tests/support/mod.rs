@@ -290,6 +290,31 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `tests/cluster/chaos ARGS`, with no file descriptor of this process
+/// but stdin, stdout and stderr: the components it starts again outlive
+/// the test, and one holding an inherited descriptor of the cluster lock
+/// (`flock -x /work/cluster.lock`) would hold the lock for ever.
+pub fn chaos(args: &[&str]) -> Output {
+    let mut command = Command::new(repo_root().join("tests/cluster/chaos"));
+    command.args(args);
+    // SAFETY: only close(2), async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            for fd in 3..4096 {
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    let out = command.output().expect("run tests/cluster/chaos");
+    eprintln!(
+        "chaos {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The release `agents` binary the image ships, for tests that measure the
 /// operator or run it long (a debug build spends several times the CPU on
 /// JSON, and on two cores that CPU is the API server's). It is what
