@@ -31,13 +31,24 @@ fn apiserver_cpu() -> f64 {
     (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
 }
 
+/// The fixture's status with the five conditions the operator writes
+/// beside it (the fixture holds the stored state only), so each write
+/// carries every field a finished session's status has.
 fn status_fixture() -> Value {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/session-status-repeats.json"
     ))
     .unwrap();
-    serde_json::from_str(&text).unwrap()
+    let mut status: Value = serde_json::from_str(&text).unwrap();
+    status["conditions"] = json!([
+        {"lastTransitionTime": "2026-01-01T00:00:00Z", "message": "the model gave its final answer", "observedGeneration": 1, "reason": "Answered", "status": "True", "type": "Succeeded"},
+        {"lastTransitionTime": "2026-01-01T00:00:00Z", "message": "", "observedGeneration": 1, "reason": "NotFailed", "status": "False", "type": "Failed"},
+        {"lastTransitionTime": "2026-01-01T00:00:00Z", "message": "", "observedGeneration": 1, "reason": "NotWaiting", "status": "False", "type": "Waiting"},
+        {"lastTransitionTime": "2026-01-01T00:00:00Z", "message": "", "observedGeneration": 1, "reason": "NotPaused", "status": "False", "type": "Paused"},
+        {"lastTransitionTime": "2026-01-01T00:00:00Z", "message": "agent flow resolved and valid", "observedGeneration": 1, "reason": "AgentResolved", "status": "True", "type": "Ready"}
+    ]);
+    status
 }
 
 /// A status that differs from the last one written to object `i` at `n`.
