@@ -30,6 +30,13 @@ use std::collections::BTreeMap;
 /// `status.charged`, so the object stays small. Sessions past it wait.
 pub const MAX_CHARGED_SESSIONS: usize = 500;
 
+/// The most Budgets that may select one session. Each is charged (a
+/// compare-and-swap write) after every model turn of every session it
+/// selects, so this bounds what one turn costs, whatever a namespace's
+/// Budgets say. A session more select is held (`Ready=False`,
+/// `TooManyBudgets`) until some go or stop selecting it.
+pub const MAX_BUDGETS_PER_SESSION: usize = 8;
+
 /// Tokens and cost that the Sessions of a namespace may spend together,
 /// per day, per month or in all. A session whose Budget is spent waits
 /// before its next model call (`waitingFor: budget`) until the Budget is

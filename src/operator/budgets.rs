@@ -5,7 +5,7 @@
 //! sessions folded, conditions).
 
 use super::Error;
-use crate::api::namespace_budget::{Charged, Spent};
+use crate::api::namespace_budget::{Charged, Spent, MAX_BUDGETS_PER_SESSION};
 use crate::api::{Budget, Session};
 use crate::core::shared_budget::SharedBudget;
 use crate::core::Millis;
@@ -23,6 +23,30 @@ const CAS_ATTEMPTS: u32 = 12;
 
 /// When a charge that lost every race is tried again.
 pub(super) const CHARGE_RETRY: Duration = Duration::from_secs(1);
+
+/// The reason of a session's `Ready=False` while too many Budgets select it.
+pub(super) const TOO_MANY_BUDGETS: &str = "TooManyBudgets";
+
+/// Why `session` may not run while the Budgets selecting it are as they
+/// are: more than [`MAX_BUDGETS_PER_SESSION`] select it.
+pub(super) fn too_many(budgets: &Store<Budget>, session: &Session) -> Option<String> {
+    let mut names: Vec<String> = selecting(budgets, session)
+        .iter()
+        .map(|b| b.name_any())
+        .collect();
+    if names.len() <= MAX_BUDGETS_PER_SESSION {
+        return None;
+    }
+    names.sort();
+    let more = names.len() - 3;
+    Some(format!(
+        "{} Budgets select this session ({}, and {more} more); at most \
+         {MAX_BUDGETS_PER_SESSION} may, as each is charged after every model turn: \
+         narrow their spec.selector or delete some, and the session goes on",
+        names.len(),
+        names[..3].join(", ")
+    ))
+}
 
 /// The Budgets of the session's namespace that select it.
 fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
@@ -151,22 +175,27 @@ async fn charge_one(
 }
 
 /// The sessions a Budget change may let go: those of its namespace it
-/// selects that wait for a Budget.
+/// selects that wait for a Budget, and any there that too many Budgets
+/// hold (the change may be a selector that no longer selects them).
 pub(super) fn sessions_waiting_on(
     sessions: &Store<Session>,
     budget: &Budget,
 ) -> Vec<ObjectRef<Session>> {
     let ns = budget.namespace();
+    let has = |s: &Session, type_: &str, reason: &str| {
+        s.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.reason == reason)
+        })
+    };
     sessions
         .state()
         .iter()
-        .filter(|s| s.namespace() == ns && budget.spec.selects(s.labels()))
+        .filter(|s| s.namespace() == ns)
         .filter(|s| {
-            s.status.as_ref().is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Waiting" && c.reason == "BudgetExhausted")
-            })
+            has(s, "Ready", TOO_MANY_BUDGETS)
+                || (budget.spec.selects(s.labels()) && has(s, "Waiting", "BudgetExhausted"))
         })
         .map(|s| ObjectRef::from_obj(s.as_ref()))
         .collect()

@@ -47,6 +47,14 @@ pub(super) async fn resolve(
     ns: &str,
 ) -> Result<Resolved, NotReady> {
     use crate::agent::Unresolved;
+    if let Some(message) = super::budgets::too_many(&ctx.budgets, session) {
+        // The Budget watch wakes the session when one goes or changes.
+        return Err(NotReady {
+            reason: super::budgets::TOO_MANY_BUDGETS,
+            message,
+            recheck: NOT_READY_RECHECK * 4,
+        });
+    }
     let name = session.name_any();
     let lookup = agents::WatchedAgents {
         seen: &ctx.agents,

@@ -79,7 +79,17 @@ fn model(tally: Tally) -> Server {
 }
 
 fn agent_and_sessions(model: &Server) -> String {
-    let mut yaml = format!(
+    let mut yaml = agent_yaml(model);
+    for i in 0..SESSIONS {
+        yaml.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i:02}, labels: {{team: a}}}}\nspec: {{agentRef: {{name: worker}}, messages: [\"work {i}\"]}}\n"
+        ));
+    }
+    yaml
+}
+
+fn agent_yaml(model: &Server) -> String {
+    format!(
         r#"
 apiVersion: agents-exe.io/v1alpha1
 kind: Agent
@@ -92,13 +102,7 @@ spec:
     - {{name: echo, builtin: {{function: echo}}}}
 "#,
         model.url("/v1")
-    );
-    for i in 0..SESSIONS {
-        yaml.push_str(&format!(
-            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i:02}, labels: {{team: a}}}}\nspec: {{agentRef: {{name: worker}}, messages: [\"work {i}\"]}}\n"
-        ));
-    }
-    yaml
+    )
 }
 
 fn budget_yaml(name: &str, tokens: u64, team: &str) -> String {
@@ -362,4 +366,70 @@ async fn bad_budgets_are_refused_at_admission_with_a_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(says), "{spec}: {err}");
     }
+}
+
+/// The reason and message of a session's `Ready` condition.
+fn ready(s: &Session) -> Option<(String, String)> {
+    let c = s
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.reason.clone(), c.message.clone()))
+}
+
+/// More Budgets than may select one session hold it before its first
+/// model call, saying how many select it and what to do; once one is
+/// deleted the Budget watch lets it run, without waiting for a recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_budgets_than_may_select_a_session_hold_it_until_one_goes() {
+    let Some((client, ns)) = support::cluster_namespace("budget-cap").await else {
+        return;
+    };
+    let tally = Tally::default();
+    let server = model(tally.clone());
+    let kubeconfig = support::kubeconfig_path().unwrap();
+    let op = launcher::Operator::start(BIN, &ns.name, &kubeconfig, &["-n", &ns.name], &[]);
+    let over = agents::api::namespace_budget::MAX_BUDGETS_PER_SESSION + 1;
+    for i in 0..over {
+        apply(&ns.name, &budget_yaml(&format!("b{i}"), 1_000_000, "a"));
+    }
+    apply(
+        &ns.name,
+        &format!(
+            "{}---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: held, labels: {{team: a}}}}\nspec: {{agentRef: {{name: worker}}, messages: [\"work\"]}}\n",
+            agent_yaml(&server)
+        ),
+    );
+    let sessions: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    let message = wait_until(Duration::from_secs(60), "the session held", || async {
+        let s = sessions.get("held").await.ok()?;
+        ready(&s).filter(|(reason, _)| reason == "TooManyBudgets")
+    })
+    .await
+    .1;
+    assert!(
+        message.contains(&format!("{over} Budgets select this session"))
+            && message.contains(&format!("at most {}", over - 1))
+            && message.contains("spec.selector"),
+        "{message}"
+    );
+    assert_eq!(tally.reported(), 0, "no model call while held");
+    kubectl_ok(["delete", "budget", "b0", "-n", &ns.name]);
+    let deleted = std::time::Instant::now();
+    wait_until(Duration::from_secs(45), "the session to finish", || async {
+        sessions
+            .get("held")
+            .await
+            .ok()
+            .filter(succeeded)
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        deleted.elapsed() < Duration::from_secs(30),
+        "woken by its recheck, not by the Budget's deletion\n{}",
+        op.log_text()
+    );
 }
