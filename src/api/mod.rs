@@ -101,9 +101,9 @@ pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
 ///
 /// A Session's status is one atomic value: the operator alone writes it,
 /// always whole, so the API server need not track who owns each of its
-/// fields. Granular, its field set was two-fifths of a finished session's
-/// stored object (`metadata.managedFields`), kept in etcd, in the watch
-/// cache, in every watch event, and computed again on every write.
+/// fields. Granular, that field set (in `metadata.managedFields`) was over
+/// a quarter of a finished session's stored object, kept in etcd, in the
+/// watch cache, in every watch event, and computed again on every write.
 pub fn crds() -> [CustomResourceDefinition; 4] {
     [
         Agent::crd(),
