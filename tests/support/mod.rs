@@ -215,6 +215,36 @@ pub struct TestNamespace {
     pub name: String,
 }
 
+/// Waits for namespace `ns`'s default service account, which the
+/// ServiceAccount admission plugin wants before it admits a pod, and makes
+/// it if kube-controller-manager has not in 20 s. Right after a chaos test
+/// restarts kube-apiserver, the restarted server can answer the
+/// controller's watches "forbidden" before its RBAC cache is filled, and
+/// the controller then backs off for up to a minute: its account is the
+/// same empty object, made a little sooner.
+async fn default_service_account(client: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if let Ok(Some(_)) = sa.get_opt("default").await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let default: ServiceAccount = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"},
+    }))
+    .expect("service account object");
+    match sa.create(&PostParams::default(), &default).await {
+        Ok(_) => {
+            eprintln!("made namespace {ns}'s default service account (the controller had not)")
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create namespace {ns}'s default service account: {e}"),
+    }
+}
+
 impl TestNamespace {
     /// Create `<prefix>-<random>` labelled `agents.test/owner=<prefix>`.
     pub async fn create(client: &Client, prefix: &str) -> TestNamespace {
@@ -230,16 +260,7 @@ impl TestNamespace {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
-        // The ServiceAccount admission plugin rejects pods until the
-        // namespace's default service account exists.
-        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-            Api::namespaced(client.clone(), &name);
-        wait_until(
-            Duration::from_secs(30),
-            "default service account",
-            || async { sa.get_opt("default").await.ok().flatten() },
-        )
-        .await;
+        default_service_account(client, &name).await;
         TestNamespace { name }
     }
 
