@@ -24,21 +24,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::http::{Response, Server};
-use support::{apply, chaos, kubectl, kubectl_ok, ClusterScoped, TestNamespace};
+use support::{apply, chaos, kubectl, kubectl_ok, wait_for, ClusterScoped, TestNamespace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agents");
 const SESSIONS: usize = 50;
 const APPROVERS: [&str; 2] = ["approver-a", "approver-b"];
-
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 /// The API server answers again (through kubectl).
 fn api_back() {

@@ -20,11 +20,11 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use support::fake::World;
-use support::{apply, kubectl, kubectl_ok, TestNamespace};
+use support::{apply, chaos, kubectl, kubectl_ok, wait_for, TestNamespace};
 
 /// The operator of this checkout.
 struct Operator(support::launcher::Operator);
@@ -62,19 +62,6 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 // ---------------------------------------------------------------- helpers
-
-fn chaos(args: &[&str]) -> Output {
-    let out = Command::new(support::repo_root().join("tests/cluster/chaos"))
-        .args(args)
-        .output()
-        .expect("run tests/cluster/chaos");
-    eprintln!(
-        "chaos {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn chaos_ok(args: &[&str]) {
     let out = chaos(args);
@@ -146,14 +133,6 @@ fn wait_succeeded(ns: &str, timeout: &str) {
         String::from_utf8_lossy(&out.stderr),
         kubectl_ok(["get", "sessions", "-n", ns])
     );
-}
-
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn phases(ns: &str) -> BTreeMap<String, String> {

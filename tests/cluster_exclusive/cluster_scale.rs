@@ -154,11 +154,15 @@ fn api_memory_at_rest() -> AtRest {
         restarted.status.success(),
         "tests/cluster/chaos restart kube-apiserver failed (its output above)"
     );
-    wait_until("kube-apiserver ready again", 90, || {
-        support::kubectl(["get", "--raw", "/readyz"])
-            .status
-            .success()
-    });
+    support::wait_for(
+        "kube-apiserver ready again",
+        Duration::from_secs(90),
+        || {
+            support::kubectl(["get", "--raw", "/readyz"])
+                .status
+                .success()
+        },
+    );
     // A CRD's watch cache starts with the first request for it, and counts
     // its initialisation once filled from etcd.
     let sessions = kubectl_ok(["get", "sessions", "-A", "-o", "name"])
@@ -169,9 +173,11 @@ fn api_memory_at_rest() -> AtRest {
         let series = format!(
             "apiserver_watch_cache_initializations_total{{group=\"agents-exe.io\",resource=\"{resource}\"}}"
         );
-        wait_until(&format!("the {resource} watch cache"), 60, || {
-            sample(&kubectl_ok(["get", "--raw", "/metrics"]), &series) >= 1.0
-        });
+        support::wait_for(
+            &format!("the {resource} watch cache"),
+            Duration::from_secs(60),
+            || sample(&kubectl_ok(["get", "--raw", "/metrics"]), &series) >= 1.0,
+        );
     }
     force_api_gc();
     AtRest {
@@ -218,17 +224,11 @@ fn force_api_gc() {
         )
     };
     let before = collections();
-    wait_until("kube-apiserver's next garbage collection", 150, || {
-        collections() > before
-    });
-}
-
-fn wait_until(what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    support::wait_for(
+        "kube-apiserver's next garbage collection",
+        Duration::from_secs(150),
+        || collections() > before,
+    );
 }
 
 fn print_at_rest(before: &AtRest, after: &AtRest) {

@@ -336,6 +336,17 @@ pub fn chaos(args: &[&str]) -> Output {
     out
 }
 
+/// Waits, blocking the thread, until `check` holds; fails after `timeout`
+/// naming `what`. For tests that drive processes and `kubectl`, not async
+/// clients (`wait_until` is the async one).
+pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// The release `agents` binary the image ships, for tests that measure the
 /// operator or run it long (a debug build spends several times the CPU on
 /// JSON, and on two cores that CPU is the API server's). It is what
