@@ -21,6 +21,9 @@ use std::time::Duration;
 /// while the operator was away is folded by then).
 const RECHECK: Duration = Duration::from_secs(300);
 
+/// How long a Budget's reconcile waits for the sessions' first list.
+const SESSIONS_LIST_WAIT: Duration = Duration::from_secs(5);
+
 pub(super) struct BudgetContext {
     pub client: kube::Client,
     pub sessions: Store<Session>,
@@ -30,6 +33,12 @@ pub(super) async fn reconcile(
     budget: Arc<Budget>,
     ctx: Arc<BudgetContext>,
 ) -> Result<Action, Error> {
+    // Before the sessions are listed every charged one would look deleted
+    // (a read each to confirm it).
+    let listed = tokio::time::timeout(SESSIONS_LIST_WAIT, ctx.sessions.wait_until_ready()).await;
+    if !matches!(listed, Ok(Ok(()))) {
+        return Ok(Action::requeue(SESSIONS_LIST_WAIT));
+    }
     let ns = budget.namespace().unwrap_or_default();
     let name = budget.name_any();
     let in_ns: Vec<Arc<Session>> = ctx

@@ -27,6 +27,36 @@ pub(super) const CHARGE_RETRY: Duration = Duration::from_secs(1);
 /// The reason of a session's `Ready=False` while too many Budgets select it.
 pub(super) const TOO_MANY_BUDGETS: &str = "TooManyBudgets";
 
+/// The reason of a session's `Ready=False` while the operator has not yet
+/// listed the Budgets: a step then could spend what a Budget forbids.
+pub(super) const BUDGETS_NOT_LISTED: &str = "BudgetsNotListed";
+
+/// How long a step waits for the first list of Budgets before the
+/// session is held (at start it arrives in milliseconds; when the
+/// operator may not list Budgets, never).
+const LIST_WAIT: Duration = Duration::from_secs(5);
+
+/// Why no session may step yet: the Budget watch has not listed the
+/// Budgets once. An empty cache would read as "no Budget selects it", and
+/// the session would spend what its Budget forbids.
+pub(super) async fn not_listed(budgets: &Store<Budget>) -> Option<String> {
+    not_listed_within(budgets, LIST_WAIT).await
+}
+
+async fn not_listed_within(budgets: &Store<Budget>, wait: Duration) -> Option<String> {
+    let listed = tokio::time::timeout(wait, budgets.wait_until_ready()).await;
+    if matches!(listed, Ok(Ok(()))) {
+        return None;
+    }
+    Some(format!(
+        "the operator has not listed the namespace Budgets in {}s, so it cannot tell what \
+         this session may spend; it runs once they are listed: check that the operator's \
+         ClusterRole may list and watch budgets.agents-exe.io, that the Budget CRD is \
+         installed, and the operator's log",
+        wait.as_secs()
+    ))
+}
+
 /// Why `session` may not run while the Budgets selecting it are as they
 /// are: more than [`MAX_BUDGETS_PER_SESSION`] select it.
 pub(super) fn too_many(budgets: &Store<Budget>, session: &Session) -> Option<String> {
@@ -176,7 +206,8 @@ async fn charge_one(
 
 /// The sessions a Budget change may let go: those of its namespace it
 /// selects that wait for a Budget, and any there that too many Budgets
-/// hold (the change may be a selector that no longer selects them).
+/// hold (the change may be a selector that no longer selects them) or
+/// that were held before the Budgets were listed.
 pub(super) fn sessions_waiting_on(
     sessions: &Store<Session>,
     budget: &Budget,
@@ -195,8 +226,79 @@ pub(super) fn sessions_waiting_on(
         .filter(|s| s.namespace() == ns)
         .filter(|s| {
             has(s, "Ready", TOO_MANY_BUDGETS)
+                || has(s, "Ready", BUDGETS_NOT_LISTED)
                 || (budget.spec.selects(s.labels()) && has(s, "Waiting", "BudgetExhausted"))
         })
         .map(|s| ObjectRef::from_obj(s.as_ref()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+
+    fn session(status_reason: &str) -> Session {
+        let mut s: Session = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
+            "metadata": {"name": "s", "namespace": "team", "labels": {"team": "a"}},
+            "spec": {"agentRef": {"name": "worker"}, "messages": ["hi"]},
+        }))
+        .unwrap();
+        let mut status = crate::api::session::SessionStatus::default();
+        status
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: status_reason.into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Default::default(),
+                ),
+                observed_generation: None,
+            });
+        s.status = Some(status);
+        s
+    }
+
+    fn budget() -> Budget {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "agents-exe.io/v1alpha1", "kind": "Budget",
+            "metadata": {"name": "team", "namespace": "team"},
+            "spec": {"tokens": 1000, "selector": {"matchLabels": {"team": "z"}}},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn no_step_before_the_budgets_are_listed_once() {
+        let (store, mut writer) = kube::runtime::reflector::store::<Budget>();
+        let why = not_listed_within(&store, Duration::from_millis(50)).await;
+        let why = why.expect("an empty, never listed cache is not 'no Budget'");
+        assert!(
+            why.contains("list and watch budgets.agents-exe.io"),
+            "{why}"
+        );
+        writer.apply_watcher_event(&Event::Init);
+        assert!(not_listed_within(&store, Duration::from_millis(50))
+            .await
+            .is_some());
+        writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(
+            not_listed_within(&store, Duration::from_millis(50)).await,
+            None
+        );
+    }
+
+    #[test]
+    fn the_first_list_wakes_sessions_held_before_it_whatever_they_select() {
+        let (sessions, mut writer) = kube::runtime::reflector::store::<Session>();
+        writer.apply_watcher_event(&Event::Apply(session(BUDGETS_NOT_LISTED)));
+        let woken = sessions_waiting_on(&sessions, &budget());
+        assert_eq!(woken.len(), 1, "the held session is woken");
+        let (sessions, mut writer) = kube::runtime::reflector::store::<Session>();
+        writer.apply_watcher_event(&Event::Apply(session("AgentResolved")));
+        assert!(sessions_waiting_on(&sessions, &budget()).is_empty());
+    }
 }

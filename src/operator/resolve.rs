@@ -47,6 +47,14 @@ pub(super) async fn resolve(
     ns: &str,
 ) -> Result<Resolved, NotReady> {
     use crate::agent::Unresolved;
+    if let Some(message) = super::budgets::not_listed(&ctx.budgets).await {
+        // The first list wakes it (or this recheck, when there is no Budget).
+        return Err(NotReady {
+            reason: super::budgets::BUDGETS_NOT_LISTED,
+            message,
+            recheck: NOT_READY_RECHECK,
+        });
+    }
     if let Some(message) = super::budgets::too_many(&ctx.budgets, session) {
         // The Budget watch wakes the session when one goes or changes.
         return Err(NotReady {

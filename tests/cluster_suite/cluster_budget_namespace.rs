@@ -15,6 +15,7 @@ use agents::api::{Budget, Session};
 use kube::api::{Api, ListParams};
 use kube::Client;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http::{Request, Response, Server};
@@ -432,4 +433,107 @@ async fn more_budgets_than_may_select_a_session_hold_it_until_one_goes() {
         "woken by its recheck, not by the Budget's deletion\n{}",
         op.log_text()
     );
+}
+
+/// The chart's operator RBAC for release `ns` with Budgets' list and
+/// watch taken away (`get` kept), bound in `ns`, and a kubeconfig for its
+/// service account; with the cluster-scoped objects to delete, and the
+/// chart's own RBAC to grant them back.
+fn operator_that_may_not_list_budgets(ns: &str) -> (PathBuf, support::ClusterScoped, String) {
+    let scoped = support::ClusterScoped(vec![
+        format!("clusterrole/{ns}-operator"),
+        format!("clusterrole/{ns}-completer"),
+    ]);
+    let chart = support::helm_template(
+        ns,
+        ns,
+        &[
+            "--show-only",
+            "templates/rbac.yaml",
+            "--show-only",
+            "templates/serviceaccount.yaml",
+        ],
+    );
+    let full = "resources: [\"budgets\"]\n  verbs: [\"get\", \"list\", \"watch\"]";
+    assert!(
+        chart.contains(full),
+        "the chart's Budget rule moved:\n{chart}"
+    );
+    let narrowed = chart.replace(full, "resources: [\"budgets\"]\n  verbs: [\"get\"]");
+    apply(ns, &narrowed);
+    kubectl_ok([
+        "create",
+        "rolebinding",
+        "operator-here",
+        "-n",
+        ns,
+        &format!("--clusterrole={ns}-operator"),
+        &format!("--serviceaccount={ns}:{ns}-operator"),
+    ]);
+    let kubeconfig = support::service_account_kubeconfig(ns, &format!("{ns}-operator"));
+    (kubeconfig, scoped, chart)
+}
+
+/// An operator that has not listed the Budgets cannot tell what a session
+/// may spend: an empty cache is not "no Budget". One that may not list
+/// them holds every session before its first model call (Ready=False,
+/// BudgetsNotListed, saying what to check); once it may, the Budgets are
+/// listed, the sessions run, and their Budget counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_wait_until_the_budgets_are_listed() {
+    let Some((client, ns)) = support::cluster_namespace("budget-unlisted").await else {
+        return;
+    };
+    let (kubeconfig, _scoped, chart) = operator_that_may_not_list_budgets(&ns.name);
+    let tally = Tally::default();
+    let server = model(tally.clone());
+    apply(&ns.name, &budget_yaml("team", 1_000_000, "a"));
+    let mut yaml = agent_yaml(&server);
+    for i in 0..2 {
+        yaml.push_str(&format!(
+            "---\napiVersion: agents-exe.io/v1alpha1\nkind: Session\nmetadata: {{name: s{i}, labels: {{team: a}}}}\nspec: {{agentRef: {{name: worker}}, messages: [\"work {i}\"]}}\n"
+        ));
+    }
+    apply(&ns.name, &yaml);
+    let _operator = launcher::Operator::start(BIN, &ns.name, &kubeconfig, &["-n", &ns.name], &[]);
+    let held = wait_until(
+        Duration::from_secs(60),
+        "both sessions held until the Budgets are listed",
+        || async {
+            let all = sessions(&client, &ns.name).await;
+            let reasons: Vec<_> = all.iter().filter_map(ready).collect();
+            (reasons.len() == 2 && reasons.iter().all(|(r, _)| r == "BudgetsNotListed"))
+                .then_some(reasons)
+        },
+    )
+    .await;
+    let message = &held[0].1;
+    assert!(
+        message.contains("list and watch budgets.agents-exe.io"),
+        "{message}"
+    );
+    assert_eq!(
+        tally.reported(),
+        0,
+        "no model call before the Budgets are listed"
+    );
+
+    apply(&ns.name, &chart);
+    wait_until(
+        Duration::from_secs(120),
+        "both sessions succeeded once the Budgets could be listed",
+        || async {
+            let all = sessions(&client, &ns.name).await;
+            (all.len() == 2 && all.iter().all(succeeded)).then_some(())
+        },
+    )
+    .await;
+    let total = 2 * TURNS as u64 * TURN_TOKENS;
+    assert_eq!(tally.recorded_turns(), total);
+    wait_until(
+        Duration::from_secs(30),
+        "the Budget counts both sessions",
+        || async { (used(&budget(&client, &ns.name, "team").await) == total).then_some(()) },
+    )
+    .await;
 }
