@@ -19,7 +19,7 @@
 use super::conditions_schema;
 use super::convert::{err, millis, time, ConvertError};
 use crate::core::budget::units_to_micros;
-use crate::core::shared_budget::{Period, SharedBudget};
+use crate::core::shared_budget::{OwnCharge, Period, SharedBudget};
 use crate::core::Millis;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -294,11 +294,21 @@ impl BudgetSpec {
 }
 
 impl Budget {
-    /// What the core compares before a model call of the session `uid`:
-    /// the limits, what is counted in the period holding `now` (nothing
-    /// yet when the stored period has ended), and whether the session can
-    /// be counted at all.
-    pub fn shared(&self, uid: &str, now: Millis) -> SharedBudget {
+    /// Whether a session whose agent prices in `currency` has its cost
+    /// counted here (its tokens always are).
+    pub fn counts_cost_in(&self, currency: Option<&str>) -> bool {
+        self.spec
+            .cost
+            .as_ref()
+            .is_none_or(|c| Some(c.currency.as_str()) == currency)
+    }
+
+    /// What the core compares before a model call of the session `uid`,
+    /// whose agent prices in `currency`: the limits, what is counted in
+    /// the period holding `now` (nothing yet when the stored period has
+    /// ended), the session's own entry, and whether the session can be
+    /// counted at all.
+    pub fn shared(&self, uid: &str, now: Millis, currency: Option<&str>) -> SharedBudget {
         let created = self
             .metadata
             .creation_timestamp
@@ -323,11 +333,36 @@ impl Budget {
             currency: self.spec.cost.as_ref().map(|c| c.currency.clone()),
             used_tokens: used.tokens,
             used_cost_micros: used.cost_micros,
+            own: own_charge(status.charged.get(uid), current, self.counts_cost_in(currency)),
             refused: full.then(|| {
                 format!("it counts at most {MAX_CHARGED_SESSIONS} sessions in a period; delete finished sessions (their spend stays counted) or give new sessions another Budget")
             }),
             period_end: period.end(start),
         }
+    }
+}
+
+/// A session's entry as the core compares it. After the stored period
+/// ended, the next charge makes its whole total the base (see
+/// [`BudgetStatus::roll_over`]): nothing of it counted yet.
+fn own_charge(entry: Option<&Charge>, current: bool, cost_counted: bool) -> OwnCharge {
+    let Some(entry) = entry else {
+        return OwnCharge {
+            cost_counted,
+            ..OwnCharge::default()
+        };
+    };
+    let (counted, base) = if current {
+        (entry.in_period(), entry.base)
+    } else {
+        (Spent::default(), entry.total)
+    };
+    OwnCharge {
+        counted_tokens: counted.tokens,
+        counted_cost_micros: counted.cost_micros,
+        base_tokens: base.tokens,
+        base_cost_micros: base.cost_micros,
+        cost_counted,
     }
 }
 
@@ -401,5 +436,55 @@ mod tests {
             match_labels: [("team".to_string(), "b".to_string())].into(),
         });
         assert!(!spec.selects(&labels));
+    }
+
+    /// The core is handed the session's own entry: what is counted of it
+    /// in this period and its base, so that it counts its own spend as it
+    /// is now; after the stored period ended its whole total is the base.
+    #[test]
+    fn a_session_is_handed_its_own_entry_and_its_base() {
+        let day = 86_400_000;
+        let mut status = BudgetStatus::default();
+        status.roll_over(Millis(day));
+        status.charge("u1", "a", spent(100), true);
+        status.roll_over(Millis(2 * day));
+        status.charge("u1", "a", spent(160), true);
+        status.charge("u2", "b", spent(40), true);
+        let budget = Budget {
+            metadata: kube::api::ObjectMeta {
+                name: Some("team".into()),
+                ..Default::default()
+            },
+            spec: BudgetSpec {
+                tokens: Some(1000),
+                cost: Some(CostLimit {
+                    amount: 5.0,
+                    currency: "USD".into(),
+                }),
+                period: Period::Day,
+                selector: None,
+            },
+            status: Some(status),
+        };
+        let seen = budget.shared("u1", Millis(2 * day + 5), Some("USD"));
+        assert_eq!(seen.used_tokens, 100);
+        assert_eq!(
+            seen.own,
+            OwnCharge {
+                counted_tokens: 60,
+                counted_cost_micros: 120,
+                base_tokens: 100,
+                base_cost_micros: 200,
+                cost_counted: true,
+            }
+        );
+        // A day later the stored period has ended: nothing counted, all base.
+        let next = budget.shared("u1", Millis(3 * day + 5), Some("EUR"));
+        assert_eq!((next.used_tokens, next.own.counted_tokens), (0, 0));
+        assert_eq!(next.own.base_tokens, 160);
+        assert!(!next.own.cost_counted, "priced in another currency");
+        // A session the Budget never charged: all its spend counts.
+        let new = budget.shared("u3", Millis(2 * day + 5), Some("USD"));
+        assert_eq!(new.own.base_tokens + new.own.counted_tokens, 0);
     }
 }

@@ -102,11 +102,39 @@ pub struct SharedBudget {
     pub used_tokens: u64,
     /// Cost counted in the current period, in micro-units.
     pub used_cost_micros: u64,
+    /// What of that is this session's own, as the Budget counted it.
+    pub own: OwnCharge,
     /// Why the session cannot be counted against it at all (the Budget
     /// counts as many sessions as it can hold): it must wait.
     pub refused: Option<String>,
     /// When the current period ends (`None`: never).
     pub period_end: Option<Millis>,
+}
+
+/// This session's entry in a Budget, as the driver last saw it. The
+/// check counts the session's own spend as it is now in place of
+/// `counted`: the driver's copy of the Budget may not show its last
+/// charge yet, and a session would then take a turn more than the bound.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnCharge {
+    /// Its tokens counted in the current period.
+    pub counted_tokens: u64,
+    /// Its cost counted in the current period, in micro-units.
+    pub counted_cost_micros: u64,
+    /// Its tokens over its life when the current period started.
+    pub base_tokens: u64,
+    /// Its cost over its life when the current period started.
+    pub base_cost_micros: u64,
+    /// Its cost counts (its agent is priced in the Budget's currency).
+    pub cost_counted: bool,
+}
+
+/// What a session has spent over its life, itself (not its sub-agents,
+/// which the Budgets count as sessions of their own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnSpend {
+    pub tokens: u64,
+    pub cost_micros: u64,
 }
 
 /// Why a session waits for a shared Budget: its name and what it says.
@@ -120,23 +148,44 @@ pub struct BudgetExhausted {
 }
 
 impl SharedBudget {
+    /// Tokens and cost counted in the period with the session's own spend
+    /// as it is now (`own`); never less than the Budget showed.
+    pub fn counted(&self, own: OwnSpend) -> (u64, u64) {
+        let o = &self.own;
+        let tokens = own
+            .tokens
+            .saturating_sub(o.base_tokens)
+            .max(o.counted_tokens);
+        let cost = if o.cost_counted {
+            own.cost_micros
+                .saturating_sub(o.base_cost_micros)
+                .max(o.counted_cost_micros)
+        } else {
+            o.counted_cost_micros
+        };
+        (
+            (self.used_tokens - o.counted_tokens.min(self.used_tokens)).saturating_add(tokens),
+            (self.used_cost_micros - o.counted_cost_micros.min(self.used_cost_micros))
+                .saturating_add(cost),
+        )
+    }
+
     /// Why no model call may start under this Budget, if it is spent (a
-    /// model call always spends some: at the limit is spent).
-    pub fn stops(&self) -> Option<BudgetExhausted> {
+    /// model call always spends some: at the limit is spent), with the
+    /// session's own spend as it is now.
+    pub fn stops(&self, own: OwnSpend) -> Option<BudgetExhausted> {
+        let (used_tokens, used_cost_micros) = self.counted(own);
         let name = &self.name;
         let how = "it goes on when the Budget is raised or its period starts over";
         let message = if let Some(why) = &self.refused {
             format!("Budget {name} cannot count this session: {why}")
-        } else if let Some(limit) = self.tokens.filter(|l| self.used_tokens >= *l) {
-            format!(
-                "Budget {name} is spent: used {} of {limit} tokens; {how}",
-                self.used_tokens
-            )
-        } else if let Some(limit) = self.cost_micros.filter(|l| self.used_cost_micros >= *l) {
+        } else if let Some(limit) = self.tokens.filter(|l| used_tokens >= *l) {
+            format!("Budget {name} is spent: used {used_tokens} of {limit} tokens; {how}")
+        } else if let Some(limit) = self.cost_micros.filter(|l| used_cost_micros >= *l) {
             let currency = self.currency.as_deref().unwrap_or("");
             format!(
                 "Budget {name} is spent: used {} of {} {currency}; {how}",
-                show_micros(self.used_cost_micros),
+                show_micros(used_cost_micros),
                 show_micros(limit)
             )
         } else {
@@ -149,9 +198,10 @@ impl SharedBudget {
     }
 }
 
-/// The first spent Budget among `budgets`, in name order.
-pub fn first_spent(budgets: &[SharedBudget]) -> Option<BudgetExhausted> {
-    let mut spent: Vec<BudgetExhausted> = budgets.iter().filter_map(SharedBudget::stops).collect();
+/// The first spent Budget among `budgets`, in name order, for a session
+/// whose own spend is `own`.
+pub fn first_spent(budgets: &[SharedBudget], own: OwnSpend) -> Option<BudgetExhausted> {
+    let mut spent: Vec<BudgetExhausted> = budgets.iter().filter_map(|b| b.stops(own)).collect();
     spent.sort_by(|a, b| a.budget.cmp(&b.budget));
     spent.into_iter().next()
 }
@@ -197,9 +247,10 @@ mod tests {
             used_tokens: 999,
             ..SharedBudget::default()
         };
-        assert_eq!(b.stops(), None);
+        let none = OwnSpend::default();
+        assert_eq!(b.stops(none), None);
         b.used_tokens = 1000;
-        let stop = b.stops().unwrap();
+        let stop = b.stops(none).unwrap();
         assert_eq!(stop.budget, "team");
         assert!(
             stop.message.contains("used 1000 of 1000 tokens"),
@@ -211,6 +262,68 @@ mod tests {
             refused: Some("it counts at most 2 sessions".into()),
             ..SharedBudget::default()
         };
-        assert_eq!(first_spent(&[b, other]).unwrap().budget, "a-full");
+        assert_eq!(first_spent(&[b, other], none).unwrap().budget, "a-full");
+    }
+
+    /// The Budget as last seen shows 100 of this session's tokens; it has
+    /// spent 300 since: 900 − 100 + 300 reaches the limit.
+    #[test]
+    fn the_sessions_own_spend_counts_as_it_is_now_not_as_last_seen() {
+        let b = SharedBudget {
+            name: "team".into(),
+            tokens: Some(1000),
+            cost_micros: Some(5_000),
+            used_tokens: 900,
+            used_cost_micros: 1_000,
+            own: OwnCharge {
+                counted_tokens: 100,
+                counted_cost_micros: 500,
+                cost_counted: true,
+                ..OwnCharge::default()
+            },
+            ..SharedBudget::default()
+        };
+        let seen = OwnSpend {
+            tokens: 100,
+            cost_micros: 500,
+        };
+        assert_eq!(b.counted(seen), (900, 1_000));
+        assert_eq!(b.stops(seen), None);
+        let now = OwnSpend {
+            tokens: 300,
+            cost_micros: 900,
+        };
+        assert_eq!(b.counted(now), (1_100, 1_400));
+        let stop = b.stops(now).expect("its own last turn counts");
+        assert!(
+            stop.message.contains("used 1100 of 1000 tokens"),
+            "{}",
+            stop.message
+        );
+        // Spend before the period started (its base) does not count, and
+        // an older copy of the session never lowers what the Budget showed.
+        let rolled = SharedBudget {
+            used_tokens: 0,
+            used_cost_micros: 0,
+            own: OwnCharge {
+                base_tokens: 250,
+                cost_counted: true,
+                base_cost_micros: 900,
+                ..OwnCharge::default()
+            },
+            ..b.clone()
+        };
+        assert_eq!(rolled.counted(now), (50, 0));
+        assert_eq!(b.counted(OwnSpend::default()), (900, 1_000));
+        // Its cost in another currency is not counted: what the Budget
+        // showed stays.
+        let other_currency = SharedBudget {
+            own: OwnCharge {
+                cost_counted: false,
+                ..b.own.clone()
+            },
+            ..b.clone()
+        };
+        assert_eq!(other_currency.counted(now), (1_100, 1_000));
     }
 }

@@ -60,7 +60,7 @@ pub(super) async fn reconcile(
         };
         let before = fresh.status.clone().unwrap_or_default();
         let mut status = before.clone();
-        let start = fresh.shared("", now).period_end;
+        let start = fresh.shared("", now, None).period_end;
         let period_start = fresh.spec.period.start(now, created(&fresh, now));
         if status.started().is_none_or(|s| s < period_start) {
             status.roll_over(period_start);

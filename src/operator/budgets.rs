@@ -88,16 +88,18 @@ fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
         .collect()
 }
 
-/// What the core compares before each model call of `session`.
+/// What the core compares before each model call of `session`, whose
+/// agent prices in `currency`.
 pub(super) fn shared_for(
     budgets: &Store<Budget>,
     session: &Session,
     now: Millis,
+    currency: Option<&str>,
 ) -> Vec<SharedBudget> {
     let uid = session.uid().unwrap_or_default();
     selecting(budgets, session)
         .iter()
-        .map(|b| b.shared(&uid, now))
+        .map(|b| b.shared(&uid, now, currency))
         .collect()
 }
 
@@ -124,11 +126,7 @@ pub(super) async fn charge(
     let ns = session.namespace().unwrap_or_default();
     let mut done = true;
     for budget in selecting(budgets, session) {
-        let counted = budget
-            .spec
-            .cost
-            .as_ref()
-            .is_none_or(|c| Some(c.currency.as_str()) == currency);
+        let counted = budget.counts_cost_in(currency);
         // The cache shows this usage counted in the current period: no write.
         let mut seen = budget.status.clone().unwrap_or_default();
         let now = SystemClock.now();

@@ -139,7 +139,9 @@ impl Stepped {
             task_cancel::Hold::Going => return Ok(None),
         };
         let now = SystemClock.now();
-        let shared = super::budgets::shared_for(&ctx.budgets, session, now);
+        let currency = resolved.runtime.config.pricing.as_ref();
+        let currency = currency.map(|p| p.currency.clone());
+        let shared = super::budgets::shared_for(&ctx.budgets, session, now, currency.as_deref());
         resolved.runtime.config.shared_budgets = shared.clone();
         let (step, progress, quota) = step_session(ctx, session, ns, &store, &resolved).await?;
         let budget_wake = charge_budgets(ctx, session, &step.state, &resolved)

@@ -61,7 +61,12 @@ impl Session {
     /// spent. A spent one is recorded (`budget_exhausted`, stored at once)
     /// and lifted when the driver sees it raised or started over.
     pub(super) fn shared_budgets_checked(&mut self) -> bool {
-        let spent = crate::core::shared_budget::first_spent(&self.config.shared_budgets);
+        let own = self.state.usage.less(&self.state.children_usage);
+        let own = crate::core::shared_budget::OwnSpend {
+            tokens: own.total(),
+            cost_micros: own.cost_micros,
+        };
+        let spent = crate::core::shared_budget::first_spent(&self.config.shared_budgets, own);
         if self.state.budget_exhausted != spent {
             self.state.budget_exhausted = spent;
             self.push(Action::Checkpoint);
