@@ -57,13 +57,10 @@ async fn not_listed_within(budgets: &Store<Budget>, wait: Duration) -> Option<St
     ))
 }
 
-/// Why `session` may not run while the Budgets selecting it are as they
-/// are: more than [`MAX_BUDGETS_PER_SESSION`] select it.
-pub(super) fn too_many(budgets: &Store<Budget>, session: &Session) -> Option<String> {
-    let mut names: Vec<String> = selecting(budgets, session)
-        .iter()
-        .map(|b| b.name_any())
-        .collect();
+/// Why a session may not run while `selecting` (the Budgets that select
+/// it) are as they are: more than [`MAX_BUDGETS_PER_SESSION`].
+pub(super) fn too_many(selecting: &[Arc<Budget>]) -> Option<String> {
+    let mut names: Vec<String> = selecting.iter().map(|b| b.name_any()).collect();
     if names.len() <= MAX_BUDGETS_PER_SESSION {
         return None;
     }
@@ -78,8 +75,9 @@ pub(super) fn too_many(budgets: &Store<Budget>, session: &Session) -> Option<Str
     ))
 }
 
-/// The Budgets of the session's namespace that select it.
-fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
+/// The Budgets of the session's namespace that select it: looked up once
+/// a reconcile, for its checks before the step and its charge after.
+pub(super) fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
     let ns = session.namespace();
     budgets
         .state()
@@ -89,15 +87,15 @@ fn selecting(budgets: &Store<Budget>, session: &Session) -> Vec<Arc<Budget>> {
 }
 
 /// What the core compares before each model call of `session`, whose
-/// agent prices in `currency`.
+/// agent prices in `currency`, from `selecting` (the Budgets that select it).
 pub(super) fn shared_for(
-    budgets: &Store<Budget>,
+    selecting: &[Arc<Budget>],
     session: &Session,
     now: Millis,
     currency: Option<&str>,
 ) -> Vec<SharedBudget> {
     let uid = session.uid().unwrap_or_default();
-    selecting(budgets, session)
+    selecting
         .iter()
         .map(|b| b.shared(&uid, now, currency))
         .collect()
@@ -112,12 +110,12 @@ pub(super) fn next_period_end(shared: &[SharedBudget], now: Millis) -> Option<Du
         .map(|end| Duration::from_millis((end.0 - now.0).max(1_000) as u64))
 }
 
-/// Charges every Budget selecting `session` with its usage so far
-/// (`total`); `currency` is its agent's pricing currency. False when a
-/// charge lost every race and must be tried again.
+/// Charges `selecting` (the Budgets that select `session`) with its usage
+/// so far (`total`); `currency` is its agent's pricing currency. False
+/// when a charge lost every race and must be tried again.
 pub(super) async fn charge(
     client: &kube::Client,
-    budgets: &Store<Budget>,
+    selecting: &[Arc<Budget>],
     session: &Session,
     total: Spent,
     currency: Option<&str>,
@@ -125,7 +123,7 @@ pub(super) async fn charge(
     let (uid, name) = (session.uid().unwrap_or_default(), session.name_any());
     let ns = session.namespace().unwrap_or_default();
     let mut done = true;
-    for budget in selecting(budgets, session) {
+    for budget in selecting {
         let counted = budget.counts_cost_in(currency);
         // The cache shows this usage counted in the current period: no write.
         let mut seen = budget.status.clone().unwrap_or_default();

@@ -141,7 +141,8 @@ impl Stepped {
         let now = SystemClock.now();
         let currency = resolved.runtime.config.pricing.as_ref();
         let currency = currency.map(|p| p.currency.clone());
-        let shared = super::budgets::shared_for(&ctx.budgets, session, now, currency.as_deref());
+        let shared =
+            super::budgets::shared_for(&resolved.budgets, session, now, currency.as_deref());
         resolved.runtime.config.shared_budgets = shared.clone();
         let (step, progress, quota) = step_session(ctx, session, ns, &store, &resolved).await?;
         let budget_wake = charge_budgets(ctx, session, &step.state, &resolved)
@@ -244,7 +245,8 @@ async fn charge_budgets(
         .pricing
         .as_ref()
         .map(|p| p.currency.as_str());
-    let done = super::budgets::charge(&ctx.client, &ctx.budgets, session, total, currency).await?;
+    let done =
+        super::budgets::charge(&ctx.client, &resolved.budgets, session, total, currency).await?;
     Ok((!done).then_some(super::budgets::CHARGE_RETRY))
 }
 

@@ -39,6 +39,9 @@ pub(super) struct Resolved {
     pub(super) notify: Option<notify::Target>,
     /// What listing the agent's MCP servers found.
     pub(super) mcp: Vec<crate::tools::mcp::ServerListing>,
+    /// The namespace Budgets that select the session (none for an Agent's
+    /// own check).
+    pub(super) budgets: Vec<Arc<crate::api::Budget>>,
 }
 
 pub(super) async fn resolve(
@@ -55,7 +58,8 @@ pub(super) async fn resolve(
             recheck: NOT_READY_RECHECK,
         });
     }
-    if let Some(message) = super::budgets::too_many(&ctx.budgets, session) {
+    let budgets = super::budgets::selecting(&ctx.budgets, session);
+    if let Some(message) = super::budgets::too_many(&budgets) {
         // The Budget watch wakes the session when one goes or changes.
         return Err(NotReady {
             reason: super::budgets::TOO_MANY_BUDGETS,
@@ -90,7 +94,11 @@ pub(super) async fn resolve(
         .as_ref()
         .map(crate::api::convert::millis)
         .unwrap_or_default();
-    prepare(ctx, ns, definition, created).await
+    let resolved = prepare(ctx, ns, definition, created).await?;
+    Ok(Resolved {
+        budgets,
+        ..resolved
+    })
 }
 
 /// The agent `spec` made runnable for a session: config, model client (its
@@ -141,6 +149,7 @@ pub(super) async fn prepare(
         model_name: model_name(&spec.model),
         notify: notify::target(spec, ctx.options.notify_webhook_url.as_deref()),
         mcp,
+        budgets: Vec::new(),
     })
 }
 

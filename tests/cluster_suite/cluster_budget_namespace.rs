@@ -218,11 +218,18 @@ async fn twenty_sessions_stop_at_the_budget_and_a_raise_lets_them_finish() {
         },
     )
     .await;
-    let team = budget(&client, &ns.name, "team").await;
-    assert_eq!(
-        condition(&team, "Exhausted").map(|c| c.status.as_str()),
-        Some("True")
-    );
+    // The Budget's own reconcile writes its conditions after the charge
+    // that spent it: moments later.
+    wait_until(
+        Duration::from_secs(30),
+        "the Budget says it is exhausted",
+        || async {
+            let team = budget(&client, &ns.name, "team").await;
+            let exhausted = condition(&team, "Exhausted").map(|c| c.status.clone());
+            (exhausted.as_deref() == Some("True")).then_some(())
+        },
+    )
+    .await;
     let table = kubectl_ok(["get", "budgets", "-n", &ns.name]);
     assert!(
         table.contains("USED") && table.contains("LIMIT") && table.contains("PERIOD"),
