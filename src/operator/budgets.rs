@@ -128,7 +128,7 @@ pub(super) async fn charge(
         // The cache shows this usage counted in the current period: no write.
         let mut seen = budget.status.clone().unwrap_or_default();
         let now = SystemClock.now();
-        let current = seen.started() == Some(period_start(&budget, now));
+        let current = seen.started() == Some(period_start(budget, now));
         if current && seen.charge(&uid, &name, total, counted) == Charged::Unchanged {
             continue;
         }
