@@ -180,8 +180,14 @@ impl WakeWatch {
         let token = token.to_string();
         let result_seen = tokio::spawn(async move {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={token}"));
-            let mut stream = watcher::watcher(conts, cfg).applied_objects().boxed();
-            while let Some(Ok(c)) = stream.next().await {
+            let mut stream = watcher::watcher(conts, cfg)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            // A watch error (a dropped connection under load) is retried
+            // after a backoff, not taken for the end of the watch.
+            while let Some(event) = stream.next().await {
+                let Ok(c) = event else { continue };
                 let s = c.status.unwrap_or_default();
                 if s.outcome.is_some() || s.decision.is_some() {
                     return Instant::now();
@@ -192,8 +198,12 @@ impl WakeWatch {
         let name = name.to_string();
         let model_seen = tokio::spawn(async move {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-            let mut stream = watcher::watcher(sessions, cfg).applied_objects().boxed();
-            while let Some(Ok(s)) = stream.next().await {
+            let mut stream = watcher::watcher(sessions, cfg)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                let Ok(s) = event else { continue };
                 if s.status.map(|s| s.agent_turns).unwrap_or(0) > turns {
                     return Instant::now();
                 }
@@ -1414,14 +1424,22 @@ spec:
         },
     )
     .await;
+    // Orphaned by hand, then the session deleted: `--cascade=orphan` leaves
+    // the orphaning to the garbage collector, which right after the CRDs'
+    // install may not watch Continuations yet; it then drops the finalizer
+    // without orphaning and later deletes the continuation as a dependent of
+    // a gone owner.
     kubectl_ok([
-        "delete",
-        "session",
-        "again",
+        "patch",
+        "continuation",
+        "again-t1-c0",
         "-n",
         &ns.name,
-        "--cascade=orphan",
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/metadata/ownerReferences"}]"#,
     ]);
+    kubectl_ok(["delete", "session", "again", "-n", &ns.name]);
     apply(&ns.name, yaml);
     wait_until(Duration::from_secs(60), "the refusal to adopt", || async {
         operator
@@ -1430,11 +1448,13 @@ spec:
             .then_some(())
     })
     .await;
-    // Orphaned by the delete: it kept its name, lost its owner, and the new
-    // session did not take it.
-    let kept = conts.get_opt("again-t1-c0").await.unwrap().expect(
-        "the old continuation is gone: the garbage collector deleted it instead of orphaning it",
-    );
+    // Orphaned: it kept its name and has no owner, and the new session did
+    // not take it.
+    let kept = conts
+        .get_opt("again-t1-c0")
+        .await
+        .unwrap()
+        .expect("the orphaned continuation is gone");
     assert!(
         kept.metadata
             .owner_references

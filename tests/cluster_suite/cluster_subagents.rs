@@ -143,9 +143,13 @@ fn watch_uids(api: Api<Session>) -> Arc<Mutex<BTreeMap<String, BTreeSet<String>>
     let into = seen.clone();
     tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
             .applied_objects()
             .boxed();
-        while let Some(Ok(s)) = events.next().await {
+        // An error (a dropped connection under load) is retried after a
+        // backoff; ending the watch there would miss later UIDs.
+        while let Some(event) = events.next().await {
+            let Ok(s) = event else { continue };
             into.lock()
                 .unwrap()
                 .entry(s.name_any())
