@@ -171,44 +171,45 @@ struct WakeWatch {
     model_seen: tokio::task::JoinHandle<Instant>,
 }
 
+/// The instant a watch of object `name` first sees it with `done` true.
+fn first_seen<K>(
+    api: Api<K>,
+    name: &str,
+    done: impl Fn(K) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<Instant>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, cfg)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        // A watch error (a dropped connection under load) is retried after
+        // a backoff, not taken for the end of the watch.
+        while let Some(event) = stream.next().await {
+            if event.is_ok_and(&done) {
+                return Instant::now();
+            }
+        }
+        panic!("the watch of {name} ended");
+    })
+}
+
 impl WakeWatch {
     /// Starts watching before the result is written: `token` gets an
     /// outcome (or decision), then session `name` takes agent turn `turns + 1`.
     async fn start(client: &Client, ns: &str, name: &str, token: &str, turns: u32) -> WakeWatch {
         let conts: Api<Continuation> = Api::namespaced(client.clone(), ns);
         let sessions: Api<Session> = Api::namespaced(client.clone(), ns);
-        let token = token.to_string();
-        let result_seen = tokio::spawn(async move {
-            let cfg = watcher::Config::default().fields(&format!("metadata.name={token}"));
-            let mut stream = watcher::watcher(conts, cfg)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            // A watch error (a dropped connection under load) is retried
-            // after a backoff, not taken for the end of the watch.
-            while let Some(event) = stream.next().await {
-                let Ok(c) = event else { continue };
-                let s = c.status.unwrap_or_default();
-                if s.outcome.is_some() || s.decision.is_some() {
-                    return Instant::now();
-                }
-            }
-            panic!("continuation watch ended");
+        let result_seen = first_seen(conts, token, |c: Continuation| {
+            let s = c.status.unwrap_or_default();
+            s.outcome.is_some() || s.decision.is_some()
         });
-        let name = name.to_string();
-        let model_seen = tokio::spawn(async move {
-            let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-            let mut stream = watcher::watcher(sessions, cfg)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Some(event) = stream.next().await {
-                let Ok(s) = event else { continue };
-                if s.status.map(|s| s.agent_turns).unwrap_or(0) > turns {
-                    return Instant::now();
-                }
-            }
-            panic!("session watch ended");
+        let model_seen = first_seen(sessions, name, move |s: Session| {
+            s.status.map(|s| s.agent_turns).unwrap_or(0) > turns
         });
         // Let both watches list before anything is written.
         tokio::time::sleep(Duration::from_millis(500)).await;
