@@ -25,7 +25,7 @@
 //! Sessions are created by `kubectl apply`; nothing here creates one.
 
 use crate::api::quota::exceeded_quota;
-use crate::api::session::{SessionPhase, SessionSpec, SessionStatus};
+use crate::api::session::{ArchivedTurnsStatus, SessionPhase, SessionSpec, SessionStatus};
 use crate::api::{convert, legacy, stored};
 use crate::api::{Agent, Continuation, Session};
 use crate::core::acceptance::{self, Verdict};
@@ -108,6 +108,19 @@ fn seen_of(obj: &Session) -> Seen {
         version: obj.resource_version().unwrap_or_default(),
         rest: Arc::new(rest_of(obj)),
     }
+}
+
+/// The archived chunks of the status the session was read from, when
+/// `seen` is that very version (else none: a write over another version is
+/// refused, and packs from scratch meanwhile).
+fn archived_before(seen: &Seen, expected: &Version) -> Vec<ArchivedTurnsStatus> {
+    if seen.version != expected.0 {
+        return Vec::new();
+    }
+    seen.status
+        .get("archivedTurns")
+        .and_then(|chunks| serde_json::from_value(chunks.clone()).ok())
+        .unwrap_or_default()
 }
 
 /// What a status PUT sends beside the status: `obj`'s metadata but its
@@ -424,7 +437,12 @@ impl KubeStore {
         status.observed_generation = seen.generation;
         status.conditions = self.conditions_for(&record.state, &seen);
         let prefix = blob_prefix(&id.0, &record.uid);
-        let blobs = spill::pack(&mut status, &prefix, seen.budget.target);
+        let blobs = spill::pack_over(
+            &mut status,
+            &prefix,
+            seen.budget.target,
+            &archived_before(&seen, expected),
+        );
         let owner = SessionRef {
             id: id.clone(),
             namespace: self.namespace.clone(),

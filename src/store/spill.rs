@@ -178,12 +178,17 @@ fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
 /// `<prefix>-<kind>-<hash>[-<i>]`, a valid object name whatever the
 /// session's name length.
 fn blob_name(session: &str, kind: &str, sha: &str, piece: Option<usize>) -> String {
-    let prefix: String = session.chars().take(200).collect();
-    let prefix = prefix.trim_end_matches(['-', '.']);
+    let prefix = blob_prefix(session);
     match piece {
         Some(i) => format!("{prefix}-{kind}-{}-{i}", &sha[..16]),
         None => format!("{prefix}-{kind}-{}", &sha[..16]),
     }
+}
+
+/// What every blob name of `session` starts with.
+fn blob_prefix(session: &str) -> String {
+    let prefix: String = session.chars().take(200).collect();
+    prefix.trim_end_matches(['-', '.']).to_string()
 }
 
 /// Compresses `bytes` into blobs; returns the marker that replaces them.
@@ -360,8 +365,14 @@ fn archive(
 /// [`KEEP_RECENT_TURNS`] last turns kept; then, only if recent turns alone
 /// are over it, chunk by chunk down to none (the open turn stays, as do the
 /// fields that are not turns).
-fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: &mut Vec<Blob>) {
-    let mut first_turn = archive_complete_chunks(status, session, target, out);
+fn archive_turns(
+    status: &mut SessionStatus,
+    session: &str,
+    target: usize,
+    first_turn: u32,
+    out: &mut Vec<Blob>,
+) {
+    let mut first_turn = archive_complete_chunks(status, session, target, first_turn, out);
     for keep in [KEEP_RECENT_TURNS, 0] {
         loop {
             let inline = inline_turns(status).map_or(0, |t| t.len());
@@ -381,34 +392,69 @@ fn archive_turns(status: &mut SessionStatus, session: &str, target: usize, out: 
 
 /// The complete chunks before the recent turns, oldest first, while the
 /// status is over `target` (its size counted down, not measured again per
-/// chunk: a long session has many); returns how many turns went.
+/// chunk: a long session has many). The inline turns start at turn
+/// `first_turn` of the conversation; returns the first turn left inline.
 fn archive_complete_chunks(
     status: &mut SessionStatus,
     session: &str,
     target: usize,
+    first_turn: u32,
     out: &mut Vec<Blob>,
 ) -> u32 {
     let Some(turns) = inline_turns(status) else {
-        return 0;
+        return first_turn;
     };
     let archivable = turns.len().saturating_sub(KEEP_RECENT_TURNS);
     let chunks = complete_chunks(turns);
     let mut size = stored_bytes(status);
-    let (mut first_turn, mut archived) = (0u32, Vec::new());
+    let (mut went, mut archived) = (0usize, Vec::new());
     let mut turns_left = inline_turns(status).expect("turns seen above");
     for (len, bytes) in chunks {
-        if size <= target || first_turn as usize + len > archivable {
+        if size <= target || went + len > archivable {
             break;
         }
         let chunk: Vec<Value> = turns_left.drain(..len).collect();
-        let entry = archive(session, first_turn, &chunk, out);
+        let entry = archive(session, first_turn + went as u32, &chunk, out);
         size = (size + json_len(&entry)).saturating_sub(bytes);
         archived.push(entry);
-        first_turn += len as u32;
+        went += len;
         turns_left = inline_turns(status).expect("turns seen above");
     }
     status.archived_turns.extend(archived);
-    first_turn
+    first_turn + went as u32
+}
+
+/// Keeps the chunks `earlier` (the status this write replaces) archived,
+/// as they are, when they still describe `status`' conversation: they run
+/// from its first turn without a gap, name this session's blobs, and cover
+/// no more turns than it has. Turns are only ever appended within a
+/// session, so the turns they cover are the ones they hold; a long
+/// session's write then serialises, hashes and compresses its recent turns
+/// only, not every turn again. Returns the first turn left inline (0 when
+/// nothing was kept).
+fn keep_archived(
+    status: &mut SessionStatus,
+    session: &str,
+    earlier: &[ArchivedTurnsStatus],
+) -> u32 {
+    let ours = format!("{}-t-", blob_prefix(session));
+    let mut covered = 0u32;
+    for chunk in earlier {
+        let named_ours =
+            !chunk.blobs.is_empty() && chunk.blobs.iter().all(|b| b.starts_with(&ours));
+        if chunk.first_turn != covered || chunk.turns == 0 || !named_ours {
+            return 0;
+        }
+        covered += chunk.turns;
+    }
+    match inline_turns(status) {
+        Some(turns) if covered > 0 && covered as usize <= turns.len() => {
+            turns.drain(..covered as usize);
+            status.archived_turns = earlier.to_vec();
+            covered
+        }
+        _ => 0,
+    }
 }
 
 /// Moves large values, then old turns, out of `status` (as built from the
@@ -416,9 +462,23 @@ fn archive_complete_chunks(
 /// turn is left; returns the blobs the store must create (idempotently)
 /// before writing the status.
 pub fn pack(status: &mut SessionStatus, session: &str, target: usize) -> Vec<Blob> {
+    pack_over(status, session, target, &[])
+}
+
+/// [`pack`], keeping the chunks of old turns that `earlier`, the archived
+/// chunks of the stored status this write replaces, already hold (see
+/// [`keep_archived`]; the caller passes them only for the very version the
+/// session was read from).
+pub fn pack_over(
+    status: &mut SessionStatus,
+    session: &str,
+    target: usize,
+    earlier: &[ArchivedTurnsStatus],
+) -> Vec<Blob> {
     let mut blobs = Vec::new();
+    let first_turn = keep_archived(status, session, earlier);
     spill_values(status, session, &mut blobs);
-    archive_turns(status, session, target, &mut blobs);
+    archive_turns(status, session, target, first_turn, &mut blobs);
     blobs
 }
 
@@ -862,32 +922,120 @@ mod tests {
     fn a_growing_session_writes_each_chunk_of_old_turns_once() {
         let mut names = std::collections::BTreeSet::new();
         let mut blob_bytes = 0;
-        let (mut most_status, mut last) = (0, None);
+        let (mut most_status, mut last) = (0, None::<(SessionStatus, SessionState)>);
+        let mut all = Vec::new();
         for turns in 1..=300 {
             let state = heavy_turns_of(turns, 1, 2_000);
             let mut status = session_status(&state);
-            let blobs = pack(&mut status, "long", STATUS_BUDGET_BYTES);
+            // As the store writes: over the status the last write stored.
+            let earlier = last.as_ref().map(|(s, _)| s.archived_turns.clone());
+            let blobs = pack_over(
+                &mut status,
+                "long",
+                STATUS_BUDGET_BYTES,
+                &earlier.unwrap_or_default(),
+            );
             most_status = most_status.max(stored_bytes(&status));
             for blob in &blobs {
                 if names.insert(blob.name.clone()) {
                     blob_bytes += blob.data.len();
                 }
             }
-            last = Some((status, blobs, state));
+            all.extend(blobs);
+            last = Some((status, state));
         }
-        let (status, blobs, state) = last.unwrap();
+        let (status, state) = last.unwrap();
         let chunks = status.archived_turns.len();
         assert!(chunks > 10, "{chunks} chunks");
         assert_eq!(
-            names.len(),
-            chunks,
-            "each archived chunk is one blob, written once for the session's life"
+            (names.len(), all.len()),
+            (chunks, chunks),
+            "each archived chunk is one blob, compressed and written once for the session's life"
         );
         assert!(most_status <= STATUS_BUDGET_BYTES, "{most_status}");
         // Incompressible 2 KB results: what is stored stays near the turns' own size.
         assert!(blob_bytes < 300 * 2_300, "{blob_bytes} bytes of blobs");
-        let back = unpacked(status, blobs).unwrap();
+        let back = unpacked(status, all).unwrap();
         assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
+    fn a_write_keeps_the_chunks_the_status_it_replaces_archived() {
+        let earlier_state = heavy_turns_of(200, 1, 2_000);
+        let mut earlier = session_status(&earlier_state);
+        let earlier_blobs = pack(&mut earlier, "long", STATUS_BUDGET_BYTES);
+        assert!(earlier.archived_turns.len() > 5);
+        let state = heavy_turns_of(210, 1, 2_000);
+        let mut fresh = session_status(&state);
+        let fresh_blobs = pack(&mut fresh, "long", STATUS_BUDGET_BYTES);
+        let mut kept = session_status(&state);
+        let kept_blobs = pack_over(
+            &mut kept,
+            "long",
+            STATUS_BUDGET_BYTES,
+            &earlier.archived_turns,
+        );
+        // The same status as packing every turn again, without compressing
+        // the earlier chunks again: only chunks completed since are blobs.
+        assert_eq!(kept, fresh);
+        let earlier_names: Vec<&String> = earlier_blobs.iter().map(|b| &b.name).collect();
+        assert!(kept_blobs.iter().all(|b| !earlier_names.contains(&&b.name)));
+        assert!(
+            kept_blobs.len() < fresh_blobs.len(),
+            "{} of {}",
+            kept_blobs.len(),
+            fresh_blobs.len()
+        );
+        let mut all = earlier_blobs;
+        all.extend(kept_blobs);
+        let back = unpacked(kept, all).unwrap();
+        assert_eq!(session_state(&state.id, &back).unwrap(), state);
+    }
+
+    #[test]
+    fn earlier_chunks_that_do_not_describe_the_conversation_are_not_kept() {
+        let mut earlier = session_status(&heavy_turns_of(200, 1, 2_000));
+        pack(&mut earlier, "long", STATUS_BUDGET_BYTES);
+        let chunks = earlier.archived_turns;
+        let fewer_turns = heavy_turns_of(20, 1, 2_000);
+        let mut gap = chunks.clone();
+        gap.remove(0);
+        let mut empty = chunks.clone();
+        empty[0].blobs.clear();
+        let cases = [
+            (
+                "more turns than the session has",
+                &fewer_turns,
+                chunks.clone(),
+                "long",
+            ),
+            (
+                "not from the first turn",
+                &heavy_turns_of(210, 1, 2_000),
+                gap,
+                "long",
+            ),
+            (
+                "another session's blobs",
+                &heavy_turns_of(210, 1, 2_000),
+                chunks.clone(),
+                "other",
+            ),
+            (
+                "a chunk without blobs",
+                &heavy_turns_of(210, 1, 2_000),
+                empty,
+                "long",
+            ),
+        ];
+        for (case, state, earlier, session) in cases {
+            let mut fresh = session_status(state);
+            let fresh_blobs = pack(&mut fresh, session, STATUS_BUDGET_BYTES);
+            let mut packed = session_status(state);
+            let blobs = pack_over(&mut packed, session, STATUS_BUDGET_BYTES, &earlier);
+            assert_eq!(packed, fresh, "{case}");
+            assert_eq!(blobs, fresh_blobs, "{case}");
+        }
     }
 
     #[test]

@@ -35,6 +35,17 @@ NODE_NAME=agents-node
 PAUSE_IMAGE=agents.local/pause:3.10
 BUSYBOX_IMAGE=agents.local/busybox:ci
 
+# The tests and the agents image share one build: cargo builds for the gnu
+# target with the C runtime linked in (crt-static), so the `agents` binary
+# the tests run is also the one the image ships, static as the Job runner's
+# wrapper needs (it runs in any tool image). --target keeps build scripts
+# and proc-macros dynamic (host flags). test-run and .ci/run call this.
+AGENTS_TRIPLE=x86_64-unknown-linux-gnu
+static_cargo_env() {
+	export CARGO_BUILD_TARGET=$AGENTS_TRIPLE
+	export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static"
+}
+
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 

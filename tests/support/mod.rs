@@ -351,8 +351,9 @@ pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) 
 /// operator or run it long (a debug build spends several times the CPU on
 /// JSON, and on two cores that CPU is the API server's). It is what
 /// `tests/cluster/agents-image --no-import` builds: incremental, a no-op
-/// when it is fresh, and already built by `make test` before any test
-/// runs. `AGENTS_SCALE_BIN` names another binary.
+/// when it is fresh (`make test` builds the image from its dev build, so
+/// a first call here builds the release binary). `AGENTS_SCALE_BIN` names
+/// another binary.
 #[allow(dead_code)]
 pub fn release_agents_bin() -> String {
     if let Ok(bin) = std::env::var("AGENTS_SCALE_BIN") {
@@ -360,6 +361,7 @@ pub fn release_agents_bin() -> String {
     }
     let built = agents_image_script()
         .arg("--no-import")
+        .env("AGENTS_IMAGE_PROFILE", "release")
         .stdout(std::process::Stdio::null())
         .status()
         .expect("tests/cluster/agents-image runs");
