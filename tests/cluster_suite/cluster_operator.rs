@@ -328,6 +328,19 @@ async fn the_requested_flow_survives_an_operator_crash() {
         },
     )
     .await;
+    // Events are written off the reconcile path, a moment after the step,
+    // and a kill in that moment loses them (they are best effort, as
+    // every Kubernetes event recorder's are): the crash comes once the
+    // Yielded event that the story below tells is written.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns.name);
+    wait_until(Duration::from_secs(30), "the Yielded event", || async {
+        let listed = events
+            .list(&ListParams::default().fields("involvedObject.name=flow,reason=Yielded"))
+            .await
+            .ok()?;
+        (!listed.items.is_empty()).then_some(())
+    })
+    .await;
     // The runAsync call ran in the operator: its result is in the session
     // (call 1 completed above) and it needed no continuation.
     assert!(
