@@ -591,6 +591,18 @@ where
                 a.blobs.join(", ")
             )
         })?;
+        // The entry must say where its turns go: a write keeps the entries
+        // as they are (`keep_archived`) and takes their counts for true.
+        if a.first_turn as usize != turns.len() || a.turns as usize != chunk.len() {
+            return Err(format!(
+                "archived turns in {} say turns {} to {}, but hold {} turns from turn {}",
+                a.blobs.join(", "),
+                a.first_turn,
+                u64::from(a.first_turn) + u64::from(a.turns),
+                chunk.len(),
+                turns.len()
+            ));
+        }
         turns.extend(chunk);
     }
     if let Some(inline) = inline_turns(status) {

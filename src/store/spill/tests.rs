@@ -448,3 +448,20 @@ fn small_sessions_are_left_alone() {
     assert!(pack(&mut status, "s", STATUS_BUDGET_BYTES).is_empty());
     assert_eq!(status, before);
 }
+
+#[test]
+fn an_archived_chunk_whose_counts_do_not_match_its_turns_is_refused() {
+    let state = heavy_turns_of(200, 1, 2_000);
+    let mut packed = session_status(&state);
+    let blobs = pack(&mut packed, "long", STATUS_BUDGET_BYTES);
+    assert!(packed.archived_turns.len() > 2);
+    let mut wrong_count = packed.clone();
+    wrong_count.archived_turns[0].turns += 1;
+    let mut wrong_start = packed.clone();
+    wrong_start.archived_turns[1].first_turn += 1;
+    for forged in [wrong_count, wrong_start] {
+        let err = unpacked(forged, blobs.clone()).unwrap_err();
+        assert!(err.contains("but hold"), "{err}");
+    }
+    assert!(unpacked(packed, blobs).is_ok());
+}
