@@ -20,7 +20,9 @@ pub use continuation::{Continuation, ContinuationSpec, ContinuationStatus};
 pub use namespace_budget::{Budget, BudgetSpec, BudgetStatus};
 pub use session::{Session, SessionSpec, SessionStatus};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion, JSONSchemaProps,
+};
 use kube::core::CustomResourceExt;
 use schemars::{json_schema, Schema, SchemaGenerator};
 
@@ -104,7 +106,25 @@ pub(crate) fn tool_result_schema(_: &mut SchemaGenerator) -> Schema {
 /// fields. Granular, that field set (in `metadata.managedFields`) was over
 /// a quarter of a finished session's stored object, kept in etcd, in the
 /// watch cache, in every watch event, and computed again on every write.
+///
+/// Its `status.state` is stored as given (free-form): see
+/// [`opaque_state`].
 pub fn crds() -> [CustomResourceDefinition; 4] {
+    documented_crds().map(|mut crd| {
+        if crd.spec.names.kind == "Session" {
+            for version in &mut crd.spec.versions {
+                if let Some(status) = status_schema(version) {
+                    opaque_state(status);
+                }
+            }
+        }
+        crd
+    })
+}
+
+/// The CRDs with every field's schema, `status.state`'s included: what
+/// the CRD reference documents.
+pub fn documented_crds() -> [CustomResourceDefinition; 4] {
     [
         Agent::crd(),
         Session::crd(),
@@ -114,13 +134,7 @@ pub fn crds() -> [CustomResourceDefinition; 4] {
     .map(|mut crd| {
         let whole_status = crd.spec.names.kind == "Session";
         for version in &mut crd.spec.versions {
-            let status = version
-                .schema
-                .as_mut()
-                .and_then(|s| s.open_api_v3_schema.as_mut())
-                .and_then(|s| s.properties.as_mut())
-                .and_then(|p| p.get_mut("status"));
-            if let Some(status) = status {
+            if let Some(status) = status_schema(version) {
                 status.nullable = None;
                 if whole_status {
                     status.x_kubernetes_map_type = Some("atomic".into());
@@ -129,6 +143,37 @@ pub fn crds() -> [CustomResourceDefinition; 4] {
         }
         crd
     })
+}
+
+fn status_schema(version: &mut CustomResourceDefinitionVersion) -> Option<&mut JSONSchemaProps> {
+    version
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+        .and_then(|s| s.properties.as_mut())
+        .and_then(|p| p.get_mut("status"))
+}
+
+/// `status.state` as the API server keeps it: one free-form object. Only
+/// the operator writes a Session's status (people may read it, never write
+/// it), and it reads the state back strictly (`stored::session_state`,
+/// `core::call::flat`), so a field-by-field schema there checked only the
+/// operator's own output, at a cost on every write: decoding against the
+/// schema and validating each field was a fifth to a third of the API
+/// server's CPU for a status write (`cluster_write_cost`). Free-form, the
+/// state also keeps every field a newer operator writes when the installed
+/// CRD is older (Helm never upgrades a chart's CRDs): typed, the API server
+/// would prune the fields it does not know, and the state would lose them.
+fn opaque_state(status: &mut JSONSchemaProps) {
+    let Some(state) = status.properties.as_mut().and_then(|p| p.get_mut("state")) else {
+        return;
+    };
+    *state = JSONSchemaProps {
+        type_: Some("object".into()),
+        x_kubernetes_preserve_unknown_fields: Some(true),
+        description: state.description.take(),
+        ..JSONSchemaProps::default()
+    };
 }
 
 /// The CRDs as one multi-document YAML, as `crds/` holds them.
@@ -252,6 +297,32 @@ mod tests {
                 .open_api_v3_schema,
         )
         .unwrap()
+    }
+
+    /// The installed Session CRD differs from the documented one in
+    /// `status.state` alone, which it keeps free-form (an object, described);
+    /// the other kinds are the same.
+    #[test]
+    fn the_installed_crds_keep_a_session_s_state_as_given() {
+        for (installed, documented) in crds().iter().zip(documented_crds().iter()) {
+            let (mut installed, mut documented) = (schema_of(installed), schema_of(documented));
+            let kind = documented["title"].clone();
+            if kind == "Session" {
+                let path = "/properties/status/properties/state";
+                let state = installed.pointer_mut(path).unwrap().take();
+                let typed = documented.pointer_mut(path).unwrap().take();
+                assert_eq!(
+                    state,
+                    serde_json::json!({
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true,
+                        "description": typed["description"],
+                    })
+                );
+                assert!(typed["properties"]["turns"].is_object(), "{typed}");
+            }
+            assert_eq!(installed, documented, "{kind}");
+        }
     }
 
     /// Paths of every free-form (preserve-unknown-fields) node.

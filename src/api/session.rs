@@ -296,7 +296,9 @@ pub struct SessionStatus {
     pub traceparent: Option<String>,
     /// The rest of the session's state, exactly as the core serialises it:
     /// the recent turns, the open turn's calls, the inbox, the model
-    /// call's attempt. Large values are moved out like old turns.
+    /// call's attempt. Large values are moved out like old turns. The API
+    /// server stores it as given: the installed CRD leaves its fields
+    /// untyped (the operator alone writes it, and reads it back strictly).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "stored_state_schema")]
     pub state: Option<Value>,

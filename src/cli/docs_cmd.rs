@@ -25,8 +25,12 @@ pub fn run(cmd: DocsCommand) -> anyhow::Result<ExitCode> {
 }
 
 /// The reference page for the CRDs this binary installs.
+///
+/// It lists `status.state`'s fields too, which the installed CRD leaves
+/// free-form ([`crate::api::crds`]): people read them in `kubectl get -o
+/// yaml` and need to know what they mean.
 pub fn crd_reference() -> String {
-    let crds: Vec<Value> = crate::api::crds()
+    let crds: Vec<Value> = crate::api::documented_crds()
         .iter()
         .map(|crd| serde_json::to_value(crd).expect("CRDs serialise"))
         .collect();
@@ -40,8 +44,9 @@ fn render(crds: &[Value]) -> String {
          Do not edit: run `cargo run -- docs crd-reference > docs/src/crd-reference.md`. -->\n\n\
          Every kind, its names, the columns `kubectl get` prints and every field of its\n\
          schema, generated from the CRDs that `agents crds` prints and\n\
-         `crds/agents-exe.io.yaml` installs. [Concepts](concepts.md#the-resources) shows\n\
-         how they fit together.\n\n\
+         `crds/agents-exe.io.yaml` installs. A Session's `status.state` is listed\n\
+         field by field, though the installed CRD stores it as given (untyped).\n\
+         [Concepts](concepts.md#the-resources) shows how they fit together.\n\n\
          | kind | group | plural | short names | categories | scope | versions |\n\
          |---|---|---|---|---|---|---|\n",
     );
@@ -325,7 +330,7 @@ mod tests {
     use serde_json::json;
 
     fn crds() -> Vec<Value> {
-        crate::api::crds()
+        crate::api::documented_crds()
             .iter()
             .map(|c| serde_json::to_value(c).unwrap())
             .collect()

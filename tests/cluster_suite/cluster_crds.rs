@@ -4,7 +4,8 @@
 //! its outcome and decision are each written once, a success result waits
 //! for approval, typos are refused by `kubectl apply`, the `agents-exe`
 //! category lists the three kinds while `kubectl get agents` lists Agents,
-//! and an Agent reports conditions in its status.
+//! an Agent reports conditions in its status, and a Session's
+//! `status.state` is stored exactly as written.
 //! Skipped without a cluster unless AGENTS_REQUIRE_CLUSTER=1.
 
 use crate::support;
@@ -131,6 +132,38 @@ async fn sessions_are_validated_by_the_api_server() {
             (r, _) => panic!("retry {retry}: expected ok={ok}, got {:?}", r.map(|_| ())),
         }
     }
+    ns.delete(&client).await;
+}
+
+/// A Session's `status.state` is kept exactly as written: the API server
+/// neither prunes a field its CRD does not name (one a newer operator
+/// writes while the installed CRD is older) nor fills in defaults.
+#[tokio::test]
+async fn a_session_s_state_is_stored_as_written() {
+    let Some(client) = support::cluster().await else {
+        return;
+    };
+    support::install_crds(&client).await;
+    let ns = TestNamespace::create(&client, "crd-state").await;
+    let api: Api<Session> = Api::namespaced(client.clone(), &ns.name);
+    api.create(&PostParams::default(), &quickstart())
+        .await
+        .unwrap();
+    let state = json!({
+        "phase": "AwaitingModel",
+        "messagesTaken": 1,
+        "turns": [{"role": "user", "message": "hi", "fromANewerOperator": {"kept": [1, 2]}}],
+        "aFieldNoCrdNames": "kept too",
+    });
+    api.patch_status(
+        "quickstart",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"phase": "AwaitingModel", "state": state}})),
+    )
+    .await
+    .unwrap();
+    let stored = api.get_status("quickstart").await.unwrap();
+    assert_eq!(stored.status.unwrap().state, Some(state));
     ns.delete(&client).await;
 }
 
