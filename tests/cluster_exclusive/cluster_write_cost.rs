@@ -3,7 +3,8 @@
 //! session-status-repeats.json`), with a watch open on them as the
 //! operator keeps one: the operator's status write (a merge patch of the
 //! whole status under a resourceVersion precondition), the same status as
-//! a PUT of the status subresource, the raw bound's 4 KB condition patch,
+//! a PUT of the status subresource, the smallest status as a PUT (the
+//! floor under any status write), the raw bound's 4 KB condition patch,
 //! a Session create and an Event create. Prints ms of CPU per write and
 //! the ratio to the raw patch measured in the same run.
 //!
@@ -221,6 +222,38 @@ async fn what_each_write_costs_the_api_server() {
         },
     )
     .await;
+    // The floor under any status write: a status of two fields (one
+    // changed each time, else the API server skips the write).
+    let least_api = sessions.clone();
+    let ns_name = ns.name.clone();
+    let put_least = timed(
+        "status PUT of the smallest status (phase and a counter)",
+        WRITES / OBJECTS,
+        move |i, n| {
+            let api = least_api.clone();
+            let ns_name = ns_name.clone();
+            async move {
+                let name = format!("w{i}");
+                let rv = api
+                    .get_status(&name)
+                    .await
+                    .unwrap()
+                    .metadata
+                    .resource_version;
+                let obj: agents::api::Session = serde_json::from_value(json!({
+                    "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
+                    "metadata": {"name": name, "namespace": ns_name, "resourceVersion": rv},
+                    "spec": {"messages": [], "agentRef": {"name": "x"}},
+                    "status": {"phase": "Running", "tokens": 3 * WRITES + n},
+                }))
+                .unwrap();
+                api.replace_status(&name, &PostParams::default(), &obj)
+                    .await
+                    .unwrap();
+            }
+        },
+    )
+    .await;
     let after = sessions.get("w0").await.unwrap();
     println!(
         "managedFields after: {}\nspec after: {}",
@@ -246,6 +279,14 @@ async fn what_each_write_costs_the_api_server() {
         (put - get) / raw,
         (put_min - get) / raw,
         get / raw
+    );
+    // A flow session (two model turns, two tool calls) needs a create and
+    // four status writes: each commits a claim or a result before the
+    // work that depends on it (DESIGN.md, exactly once).
+    println!(
+        "bench: the smallest status PUT {:.2} raw patches; a create and four status writes cost at least {:.2} raw patches (the floor of a flow session)",
+        (put_least - get) / raw,
+        (create + 4.0 * (put_least - get)) / raw
     );
     watch.abort();
     ns.delete(&client).await;
