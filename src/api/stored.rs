@@ -85,7 +85,13 @@ pub fn session_state(id: &SessionId, status: &SessionStatus) -> Result<SessionSt
     let Some(doc) = &status.state else {
         return super::legacy::session_state(id, status);
     };
-    let mut fields = doc.as_object().cloned().unwrap_or_default();
+    // Taken for an empty state, anything else would start the session over.
+    let Some(mut fields) = doc.as_object().cloned() else {
+        return Err(ConvertError {
+            field: "status.state".into(),
+            message: "not an object: a session state is an object of its fields".into(),
+        });
+    };
     let lifted = json!({
         "id": id,
         "agentTurns": status.agent_turns,
@@ -371,5 +377,24 @@ mod tests {
             "{}",
             refused.message
         );
+    }
+
+    /// The API server stores `status.state` as written: a state that is no
+    /// object is refused, never read as an empty one (which would start
+    /// the session over).
+    #[test]
+    fn a_state_that_is_no_object_is_refused() {
+        let state = waiting_state();
+        for not_an_object in [json!("x"), json!([]), json!(3)] {
+            let mut status = session_status(&state);
+            status.state = Some(not_an_object);
+            let refused = session_state(&state.id, &status).unwrap_err();
+            assert_eq!(refused.field, "status.state");
+            assert!(
+                refused.message.contains("not an object"),
+                "{}",
+                refused.message
+            );
+        }
     }
 }

@@ -605,13 +605,39 @@ where
         }
         turns.extend(chunk);
     }
-    if let Some(inline) = inline_turns(status) {
-        turns.append(inline);
-        *inline = turns;
-    } else if let Some(state) = status.state.as_mut().and_then(Value::as_object_mut) {
-        state.insert("turns".into(), Value::Array(turns));
+    let Some(state) = status.state.as_mut().and_then(Value::as_object_mut) else {
+        return Ok(());
+    };
+    match state.get_mut("turns") {
+        Some(Value::Array(inline)) => {
+            turns.append(inline);
+            *inline = turns;
+        }
+        // Every turn archived: the state leaves out an empty list.
+        None => {
+            state.insert("turns".into(), Value::Array(turns));
+        }
+        // Taken for an empty list, it would start the conversation over.
+        Some(other) => {
+            return Err(format!(
+                "status.state.turns is {}, not a list of turns",
+                json_kind(other)
+            ))
+        }
     }
     Ok(())
+}
+
+/// What kind of JSON value `v` is, for an error message.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// Puts back what [`pack`] moved out, reading blobs through `fetch`.

@@ -453,8 +453,9 @@ async fn finished_sessions_go_after_their_ttl() {
 }
 
 /// A session whose stored state was broken by hand (a deferred call
-/// without its token) cannot go on: it ends `Failed`, saying what is
-/// wrong, instead of being retried for ever.
+/// without its token; turns that are no list) cannot go on: it ends
+/// `Failed`, saying what is wrong, instead of being retried for ever or
+/// started over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_cannot_go_on_fails_saying_why() {
     let Some(client) = support::cluster().await else {
@@ -493,6 +494,46 @@ async fn a_session_that_cannot_go_on_fails_saying_why() {
     .await;
     let why = failed["failure"].as_str().unwrap_or_default();
     assert!(why.contains("is Deferred but has no token"), "{why}");
+
+    // The API server stores `status.state` as written (its CRD leaves it
+    // untyped): turns that are no list fail the session too, and are
+    // never read as no turns, which would start it over and ask the model
+    // again.
+    apply(&ns.name, &THREE_ASKS.replace("name: asks", "name: retyped"));
+    wait_until(
+        Duration::from_secs(60),
+        "the second session to wait",
+        || async {
+            let s = sessions.get("retyped").await.ok()?;
+            let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+            (st["phase"] == "Waiting").then_some(())
+        },
+    )
+    .await;
+    sessions
+        .patch_status(
+            "retyped",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"state": {"turns": "not a list"}}})),
+        )
+        .await
+        .unwrap();
+    let failed = wait_until(
+        Duration::from_secs(60),
+        "the second session to fail",
+        || async {
+            let s = sessions.get("retyped").await.ok()?;
+            let st = serde_json::to_value(s.status.as_ref()?).ok()?;
+            (st["phase"] == "Failed").then_some(st)
+        },
+    )
+    .await;
+    let why = failed["failure"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("status.state.turns is a string, not a list of turns"),
+        "{why}"
+    );
+    assert_eq!(failed["agentTurns"], 1, "{failed}");
     ns.delete(&client).await;
 }
 

@@ -465,3 +465,69 @@ fn an_archived_chunk_whose_counts_do_not_match_its_turns_is_refused() {
     }
     assert!(unpacked(packed, blobs).is_ok());
 }
+
+/// The API server stores `status.state` as written, so a hand edit may
+/// leave `turns` something other than a list: read as no turns, it would
+/// start the conversation over (the model asked again, the tools run
+/// again). It is refused, saying what is wrong; absent, it is no turns.
+#[test]
+fn turns_that_are_not_a_list_are_refused() {
+    let state = heavy_turns_of(200, 1, 2_000);
+    let mut packed = session_status(&state);
+    let blobs = pack(&mut packed, "long", STATUS_BUDGET_BYTES);
+    for (turns, kind) in [(json!("nope"), "a string"), (json!({"0": {}}), "an object")] {
+        let mut forged = packed.clone();
+        forged.state.as_mut().unwrap()["turns"] = turns;
+        let err = unpacked(forged, blobs.clone()).unwrap_err();
+        assert!(
+            err.contains(&format!("status.state.turns is {kind}")),
+            "{err}"
+        );
+    }
+    let mut all_archived = packed.clone();
+    let inline = all_archived.state.as_mut().unwrap()["turns"].take();
+    all_archived
+        .state
+        .as_mut()
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .remove("turns");
+    let unpacked_all = unpacked(all_archived, blobs.clone()).unwrap();
+    let archived_count = state.turns.len() - inline.as_array().unwrap().len();
+    let read = unpacked_all.state.as_ref().unwrap()["turns"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(read, archived_count);
+    assert!(unpacked(packed, blobs).is_ok());
+}
+
+/// Whatever shape a hand edit gives `status.state` (the API server no
+/// longer checks it), reading it back refuses it with an error: it never
+/// panics the operator, and never reads as another conversation.
+#[test]
+fn a_state_of_any_shape_is_read_or_refused_never_a_panic() {
+    let state = heavy_turns_of(3, 1, 100);
+    let good = session_status(&state);
+    let shapes = [
+        json!({"turns": [1, "x", null]}),
+        json!({"turns": [{"role": "agent", "toolCalls": "x"}]}),
+        json!({"turns": [{"role": "agent", "toolCalls": [3]}, {"role": "user", "toolResults": [7, {"callId": "t1-c0"}]}]}),
+        json!({"turns": [{"role": "user", "toolResults": {"a": 1}}]}),
+        json!({"open": {"turn": 1, "calls": [1, {"id": "t9-c9"}]}}),
+        json!({"open": "x"}),
+        json!({"open": {"calls": "x"}}),
+        json!({"inbox": 3, "turns": []}),
+        json!({"phase": 7}),
+        json!({"turns": [{"role": "agent", "text": {"spilled": "x"}}]}),
+        json!({"turns": [{"role": "user", "toolResults": [{"callId": "t1-c0", "result": {"spilled": 1}}]}]}),
+    ];
+    for shape in shapes {
+        let mut forged = good.clone();
+        forged.state = Some(shape.clone());
+        let read = unpacked(forged, Vec::new())
+            .and_then(|s| session_state(&state.id, &s).map_err(|e| e.to_string()));
+        assert!(read.is_err(), "{shape} was read as {read:?}");
+    }
+}
