@@ -43,7 +43,8 @@ impl ToolCall {
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for an error message.
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -621,23 +621,11 @@ where
         Some(other) => {
             return Err(format!(
                 "status.state.turns is {}, not a list of turns",
-                json_kind(other)
+                crate::core::conversation::json_kind(other)
             ))
         }
     }
     Ok(())
-}
-
-/// What kind of JSON value `v` is, for an error message.
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Puts back what [`pack`] moved out, reading blobs through `fetch`.

@@ -197,28 +197,12 @@ async fn what_each_write_costs_the_api_server() {
         "status PUT of metadata name and resourceVersion and the status only",
         WRITES / OBJECTS,
         move |i, n| {
-            let api = min_api.clone();
-            let status = status_at(&b, n + 2 * WRITES);
-            let ns_name = ns_name.clone();
-            async move {
-                let name = format!("w{i}");
-                let rv = api
-                    .get_status(&name)
-                    .await
-                    .unwrap()
-                    .metadata
-                    .resource_version;
-                let obj: agents::api::Session = serde_json::from_value(json!({
-                    "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
-                    "metadata": {"name": name, "namespace": ns_name, "resourceVersion": rv},
-                    "spec": {"messages": [], "agentRef": {"name": "x"}},
-                    "status": status,
-                }))
-                .unwrap();
-                api.replace_status(&name, &PostParams::default(), &obj)
-                    .await
-                    .unwrap();
-            }
+            put_status_only(
+                min_api.clone(),
+                ns_name.clone(),
+                i,
+                status_at(&b, n + 2 * WRITES),
+            )
         },
     )
     .await;
@@ -230,27 +214,8 @@ async fn what_each_write_costs_the_api_server() {
         "status PUT of the smallest status (phase and a counter)",
         WRITES / OBJECTS,
         move |i, n| {
-            let api = least_api.clone();
-            let ns_name = ns_name.clone();
-            async move {
-                let name = format!("w{i}");
-                let rv = api
-                    .get_status(&name)
-                    .await
-                    .unwrap()
-                    .metadata
-                    .resource_version;
-                let obj: agents::api::Session = serde_json::from_value(json!({
-                    "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
-                    "metadata": {"name": name, "namespace": ns_name, "resourceVersion": rv},
-                    "spec": {"messages": [], "agentRef": {"name": "x"}},
-                    "status": {"phase": "Running", "tokens": 3 * WRITES + n},
-                }))
-                .unwrap();
-                api.replace_status(&name, &PostParams::default(), &obj)
-                    .await
-                    .unwrap();
-            }
+            let status = json!({"phase": "Running", "tokens": 3 * WRITES + n});
+            put_status_only(least_api.clone(), ns_name.clone(), i, status)
         },
     )
     .await;
@@ -290,4 +255,26 @@ async fn what_each_write_costs_the_api_server() {
     );
     watch.abort();
     ns.delete(&client).await;
+}
+
+/// PUTs `status` to object `i` with only the metadata a PUT needs (name,
+/// namespace, the resourceVersion just read) beside it.
+async fn put_status_only(api: Api<agents::api::Session>, ns: String, i: usize, status: Value) {
+    let name = format!("w{i}");
+    let rv = api
+        .get_status(&name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let obj: agents::api::Session = serde_json::from_value(json!({
+        "apiVersion": "agents-exe.io/v1alpha1", "kind": "Session",
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": rv},
+        "spec": {"messages": [], "agentRef": {"name": "x"}},
+        "status": status,
+    }))
+    .unwrap();
+    api.replace_status(&name, &PostParams::default(), &obj)
+        .await
+        .unwrap();
 }
